@@ -1,0 +1,1 @@
+"""The runs, index and streams cells: models, services and their admin."""

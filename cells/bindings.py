@@ -1,0 +1,4 @@
+"""Registers each cell service of this app with ``worldcell.dispatch``.
+
+Each implemented binding adds one ``register_binding`` call here.
+"""

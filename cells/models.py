@@ -1,0 +1,1 @@
+"""Models of the runs, index and streams cells (imported from their modules)."""

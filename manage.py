@@ -1,0 +1,57 @@
+#!/usr/bin/env python3
+"""worldcell's Django command-line entry point.
+
+On a fresh clone, ``python3 manage.py <command>`` first makes sure the project's
+dependencies are importable: if Django is missing it creates ``.venv`` next to
+this file, installs the project into it (``pip install -e .``) and re-runs the
+same command with the virtualenv's interpreter. Set ``WORLDCELL_NO_BOOTSTRAP=1``
+to turn that off (e.g. when you manage your own environment).
+"""
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent
+
+
+def _bootstrap_virtualenv() -> None:
+    """Create ``.venv`` and install the project into it, then re-exec there.
+
+    Raises SystemExit with pip's exit code when the install fails.
+    """
+    venv = ROOT / ".venv"
+    python = venv / ("Scripts/python.exe" if os.name == "nt" else "bin/python")
+    if python.exists() and Path(sys.prefix).resolve() == venv.resolve():
+        return  # already inside the project's virtualenv; let the import error surface
+    if not python.exists():
+        print(f"worldcell: creating {venv} (first run)", file=sys.stderr)
+        subprocess.check_call([sys.executable, "-m", "venv", str(venv)])
+    marker = venv / ".worldcell-installed"
+    pyproject = ROOT / "pyproject.toml"
+    if not marker.exists() or marker.stat().st_mtime < pyproject.stat().st_mtime:
+        print("worldcell: installing dependencies into .venv", file=sys.stderr)
+        rc = subprocess.call([str(python), "-m", "pip", "install", "-q", "-e", f"{ROOT}[dev]"])
+        if rc != 0:
+            raise SystemExit(rc)
+        marker.touch()
+    os.execv(str(python), [str(python), str(Path(__file__).resolve()), *sys.argv[1:]])
+
+
+def main() -> None:
+    """Run a Django management command (``python3 manage.py help`` lists them)."""
+    os.environ.setdefault("DJANGO_SETTINGS_MODULE", "worldcell.settings")
+    try:
+        import django  # noqa: F401
+    except ImportError:
+        if os.environ.get("WORLDCELL_NO_BOOTSTRAP"):
+            raise
+        _bootstrap_virtualenv()
+        raise
+    from django.core.management import execute_from_command_line
+
+    execute_from_command_line(sys.argv)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,1 @@
+"""The queue cells: messages, delivery, alarms, dead letters."""

@@ -1,0 +1,1 @@
+"""Registers the queue cell service with ``worldcell.dispatch``."""

@@ -1,0 +1,182 @@
+"""The RPC route: raw-path routing, auth, body cap, decoding and dispatch (PROTOCOL.md §2).
+
+``handle(request)`` applies the normative decision order of §2.2 to any
+request under ``/v1`` and returns the response. It knows nothing about events
+or queues: it finds a registered cell service in ``worldcell.dispatch`` and
+calls it.
+"""
+from __future__ import annotations
+
+import logging
+import re
+from typing import Any
+from urllib.parse import unquote_to_bytes, urlsplit, quote
+
+from django.conf import settings
+from django.db import DatabaseError
+from django.http import HttpRequest, HttpResponse
+
+from . import codec, dispatch
+from .auth import bearer_token_is_valid
+from .errors import CellError
+
+log = logging.getLogger("worldcell.rpc")
+
+MAX_BODY_BYTES = 33_554_432  # PROTOCOL.md §2.2 checks 9-10: exactly 32 MiB is accepted
+HEALTH_BODY = b'{"ok":true,"name":"world-celld","version":"0.1.0","specVersion":3}'
+_READ_CHUNK = 1 << 20
+_PERCENT_OK = re.compile(r"%(?![0-9A-Fa-f]{2})")
+
+
+class BodyTooLarge(Exception):
+    """The request body exceeded MAX_BODY_BYTES while it was being read."""
+
+
+def json_response(body: bytes | str, status: int = 200) -> HttpResponse:
+    """An ``application/json`` response with ``body`` as given."""
+    return HttpResponse(body, status=status, content_type="application/json")
+
+
+def error_response(status: int, name: str, message: str, err_status: int | None = None) -> HttpResponse:
+    """The fixed error body ``{"error":{"name":…,"message":…}}`` of §2.9."""
+    err: dict[str, Any] = {"name": name, "message": message}
+    if err_status is not None:
+        err["status"] = err_status
+    return json_response(codec.encode({"error": err}), status)
+
+
+def raw_path(request: HttpRequest) -> str:
+    """The request path exactly as sent, still percent-encoded, without query (§2.1).
+
+    Uses the server's raw request target (gunicorn ``RAW_URI``, waitress and
+    uWSGI ``REQUEST_URI``); falls back to re-quoting ``PATH_INFO`` when the
+    server gives none (then an encoded ``%2F`` cannot be told from ``/``).
+    """
+    meta = request.META
+    raw = meta.get("RAW_URI") or meta.get("REQUEST_URI")
+    if raw:
+        if not raw.startswith("/"):
+            raw = urlsplit(raw).path or "/"  # absolute-form request target
+        return raw.split("?", 1)[0].split("#", 1)[0]
+    path = meta.get("PATH_INFO", request.path)
+    # PATH_INFO is latin-1-decoded bytes per PEP 3333; re-encode to the wire form.
+    return quote(path.encode("latin-1", "replace"), safe="/:@!$&'()*+,;=-._~%")
+
+
+def decode_cell_name(segment: str) -> str | None:
+    """Percent-decode a name segment with ``decodeURIComponent`` semantics (§2.7).
+
+    Returns the decoded name, or None for a malformed escape or invalid UTF-8.
+    """
+    if _PERCENT_OK.search(segment):
+        return None
+    try:
+        return unquote_to_bytes(segment).decode("utf-8")
+    except UnicodeDecodeError:
+        return None
+
+
+def _read_body(request: HttpRequest) -> bytes:
+    """Read the body, never more than MAX_BODY_BYTES + 1 bytes (§2.2 checks 9-10).
+
+    Raises BodyTooLarge as soon as the running total passes the cap.
+    """
+    meta = request.META
+    length_text = meta.get("CONTENT_LENGTH") or ""
+    buf = bytearray()
+    if length_text.strip():
+        stream = request  # Django limits reads to CONTENT_LENGTH
+    elif "chunked" in meta.get("HTTP_TRANSFER_ENCODING", "").lower():
+        stream = meta["wsgi.input"]  # Django would see an empty body here
+    else:
+        return b""
+    while True:
+        chunk = stream.read(_READ_CHUNK)
+        if not chunk:
+            break
+        buf += chunk
+        if len(buf) > MAX_BODY_BYTES:
+            raise BodyTooLarge()
+    return bytes(buf)
+
+
+def _content_length_too_large(request: HttpRequest) -> bool:
+    text = (request.META.get("CONTENT_LENGTH") or "").strip()
+    try:
+        return float(text) > MAX_BODY_BYTES if text else False
+    except ValueError:
+        return False  # Number("abc") is NaN upstream: check 9 ignores it
+
+
+def handle(request: HttpRequest) -> HttpResponse:
+    """Answer one request under ``/v1`` following PROTOCOL.md §2.2 step by step.
+
+    Returns the HTTP response; never raises for bad input. Method errors are
+    500 (``CellError`` name/message), validation errors 400, and unexpected
+    exceptions 500 with their class name, logged with a traceback.
+    """
+    path = raw_path(request)
+    parts = [p for p in path.split("/") if p]
+    # 1-3: path shape and health
+    if not parts or parts[0] != "v1":
+        return error_response(404, "NotFound", f"unknown path: {path}")
+    if len(parts) == 2 and parts[1] == "health":
+        return json_response(HEALTH_BODY)
+    if len(parts) < 2 or parts[1] != "rpc":
+        return error_response(404, "NotFound", f"unknown path: {path}")
+    # 4-5: fail closed, then bearer auth
+    secret = settings.WORLD_SECRET
+    if not secret:
+        return error_response(503, "WorldNotConfigured", "WORLD_SECRET is not configured")
+    if not bearer_token_is_valid(request.META.get("HTTP_AUTHORIZATION"), secret):
+        return error_response(401, "Unauthorized", "invalid or missing bearer token")
+    # 6-8: shape, binding, method
+    if request.method != "POST" or len(parts) != 5:
+        return error_response(404, "NotFound", "expected POST /v1/rpc/{binding}/{name}/{method}")
+    _, _, binding_name, encoded_name, method = parts
+    if binding_name not in dispatch.KNOWN_BINDINGS:
+        return error_response(404, "NotFound", f"unknown binding: {binding_name}")
+    binding = dispatch.lookup(binding_name, method)
+    if binding is None:
+        return error_response(404, "NotFound", f"unknown method: {binding_name}.{method}")
+    # 9-12: body cap, codec, argument array
+    if _content_length_too_large(request):
+        return error_response(413, "PayloadTooLarge", f"body exceeds {MAX_BODY_BYTES} bytes")
+    try:
+        body = _read_body(request)
+    except BodyTooLarge:
+        return error_response(413, "PayloadTooLarge", f"body exceeds {MAX_BODY_BYTES} bytes")
+    try:
+        args = codec.decode(body)
+    except codec.DecodeError:
+        return error_response(400, "BadRequest", "malformed rpc body")
+    del body
+    if not isinstance(args, list):
+        return error_response(400, "BadRequest", "body must be an argument array")
+    # 13: the name (worldcell answers 400 for malformed escapes, §2.7)
+    name = decode_cell_name(encoded_name)
+    if name is None:
+        return error_response(400, "BadRequest", "malformed percent-encoding in cell name")
+    # 15: invoke
+    try:
+        result = dispatch.invoke(binding, name, method, args)
+    except CellError as exc:
+        if exc.http_status >= 500:
+            log.warning("%s.%s on %r raised %s: %s", binding_name, method, name, exc.name, exc.message)
+        return error_response(exc.http_status, exc.name, exc.message, exc.status)
+    except DatabaseError as exc:
+        log.exception("%s.%s on %r: database error", binding_name, method, name)
+        return error_response(500, type(exc).__name__, "database error: " + str(exc).splitlines()[0][:300])
+    except Exception as exc:  # noqa: BLE001 - every other failure is a 500 with a logged traceback
+        log.exception("%s.%s on %r failed", binding_name, method, name)
+        status = getattr(exc, "status", None)
+        return error_response(
+            500, type(exc).__name__, str(exc)[:1000] or type(exc).__name__,
+            status if isinstance(status, int) and not isinstance(status, bool) else None,
+        )
+    try:
+        text = codec.encode(result)
+    except (TypeError, ValueError) as exc:
+        log.exception("%s.%s on %r returned an unencodable value", binding_name, method, name)
+        return error_response(500, "EncodeError", str(exc)[:300])
+    return json_response(text)

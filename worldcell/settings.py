@@ -1,0 +1,146 @@
+"""Django settings for worldcell, read from the environment (django-environ).
+
+Every knob is an environment variable; README.md has the table. Defaults give
+the embedded fleet: a SQLite database under ``./data`` and no broker.
+"""
+from pathlib import Path
+
+import environ
+
+BASE_DIR = Path(__file__).resolve().parent.parent
+
+env = environ.Env()
+
+DATA_DIR = Path(env.str("WORLDCELL_DATA_DIR", default=str(BASE_DIR / "data")))
+
+SECRET_KEY = env.str("DJANGO_SECRET_KEY", default="worldcell-insecure-dev-key-change-me")
+DEBUG = env.bool("DJANGO_DEBUG", default=False)
+ALLOWED_HOSTS = env.list("DJANGO_ALLOWED_HOSTS", default=["127.0.0.1", "localhost", "[::1]", "testserver"])
+
+# --- The world (PROTOCOL.md §2.4, §7.2) -----------------------------------
+# WORLD_SECRET unset or empty => every /v1/rpc route answers 503 WorldNotConfigured.
+WORLD_SECRET = env.str("WORLD_SECRET", default="")
+WORKFLOW_CALLBACK_SECRET = env.str("WORKFLOW_CALLBACK_SECRET", default="")
+# The QUEUE_* values keep their raw text: PROTOCOL.md §7.2 parses them with
+# JavaScript parseInt semantics at use time (queueing.config).
+QUEUE_MAX_ATTEMPTS = env.str("QUEUE_MAX_ATTEMPTS", default="5")
+QUEUE_MAX_INFLIGHT = env.str("QUEUE_MAX_INFLIGHT", default="5")
+QUEUE_DELIVERY_TIMEOUT_MS = env.str("QUEUE_DELIVERY_TIMEOUT_MS", default="300000")
+
+# --- Applications ---------------------------------------------------------
+INSTALLED_APPS = [
+    "django.contrib.admin",
+    "django.contrib.auth",
+    "django.contrib.contenttypes",
+    "django.contrib.sessions",
+    "django.contrib.messages",
+    "django.contrib.staticfiles",
+    "ninja",
+    "cells",
+    "queueing",
+]
+
+MIDDLEWARE = [
+    "worldcell.middleware.CollapseSlashesMiddleware",
+    "django.middleware.security.SecurityMiddleware",
+    "django.contrib.sessions.middleware.SessionMiddleware",
+    "django.middleware.common.CommonMiddleware",
+    "django.middleware.csrf.CsrfViewMiddleware",
+    "django.contrib.auth.middleware.AuthenticationMiddleware",
+    "django.contrib.messages.middleware.MessageMiddleware",
+    "django.middleware.clickjacking.XFrameOptionsMiddleware",
+]
+APPEND_SLASH = False
+
+ROOT_URLCONF = "worldcell.urls"
+WSGI_APPLICATION = "worldcell.wsgi.application"
+
+TEMPLATES = [
+    {
+        "BACKEND": "django.template.backends.django.DjangoTemplates",
+        "DIRS": [BASE_DIR / "templates"],
+        "APP_DIRS": True,
+        "OPTIONS": {
+            "context_processors": [
+                "django.template.context_processors.request",
+                "django.contrib.auth.context_processors.auth",
+                "django.contrib.messages.context_processors.messages",
+            ],
+        },
+    },
+]
+
+# --- Database -------------------------------------------------------------
+DATABASES = {
+    "default": env.db_url(
+        "DATABASE_URL", default=f"sqlite:///{DATA_DIR / 'worldcell.sqlite3'}"
+    )
+}
+_db = DATABASES["default"]
+if _db["ENGINE"] == "django.db.backends.sqlite3":
+    # WAL so readers never block the writer; IMMEDIATE so every transaction
+    # takes the write lock up front (writers queue on busy_timeout instead of
+    # failing with "database is locked" on lock upgrade). DESIGN.md rule 1.
+    _db.setdefault("OPTIONS", {}).update(
+        {
+            "transaction_mode": "IMMEDIATE",
+            "timeout": 30,
+            "init_command": "PRAGMA journal_mode=WAL; PRAGMA synchronous=NORMAL;",
+        }
+    )
+    # Tests use a file (not :memory:) so threads see one database.
+    _db.setdefault("TEST", {})["NAME"] = str(DATA_DIR / "test-worldcell.sqlite3")
+    if _db["NAME"] not in ("", ":memory:"):
+        Path(_db["NAME"]).parent.mkdir(parents=True, exist_ok=True)
+    DATA_DIR.mkdir(parents=True, exist_ok=True)
+else:
+    _db["CONN_MAX_AGE"] = env.int("DATABASE_CONN_MAX_AGE", default=600)
+    _db["CONN_HEALTH_CHECKS"] = True
+    _db.setdefault("OPTIONS", {}).setdefault("application_name", "worldcell")
+
+DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
+IS_SQLITE = _db["ENGINE"] == "django.db.backends.sqlite3"
+
+# --- Celery -----------------------------------------------------------------
+CELERY_BROKER_URL = env.str("CELERY_BROKER_URL", default="redis://127.0.0.1:6379/0")
+CELERY_TASK_ACKS_LATE = False
+CELERY_TASK_IGNORE_RESULT = True
+CELERY_RESULT_BACKEND = None
+CELERY_WORKER_PREFETCH_MULTIPLIER = 4
+CELERY_BROKER_CONNECTION_RETRY_ON_STARTUP = True
+CELERY_TIMEZONE = "UTC"
+CELERY_BEAT_SCHEDULE = {
+    "fire-due-alarms": {
+        "task": "queueing.tasks.fire_due_alarms",
+        "schedule": 1.0,
+        "options": {"expires": 5},
+    },
+}
+# When false (the embedded dev fleet, tests without a broker) nothing is sent
+# to Celery: an in-process pump drives the same services.
+WORLDCELL_USE_CELERY = env.bool("WORLDCELL_USE_CELERY", default=not IS_SQLITE)
+
+# --- Request bodies -----------------------------------------------------------
+# The RPC route enforces its own 32 MiB cap while streaming (PROTOCOL.md §2.2).
+DATA_UPLOAD_MAX_MEMORY_SIZE = None
+RPC_MAX_BODY_BYTES = 33_554_432
+
+# --- Misc ---------------------------------------------------------------------
+AUTH_PASSWORD_VALIDATORS = [
+    {"NAME": "django.contrib.auth.password_validation.MinimumLengthValidator"},
+]
+LANGUAGE_CODE = "en-us"
+TIME_ZONE = "UTC"
+USE_I18N = False
+USE_TZ = True
+STATIC_URL = "static/"
+STATIC_ROOT = DATA_DIR / "static"
+
+LOGGING = {
+    "version": 1,
+    "disable_existing_loggers": False,
+    "formatters": {"plain": {"format": "%(asctime)s %(levelname)s %(name)s: %(message)s"}},
+    "handlers": {"console": {"class": "logging.StreamHandler", "formatter": "plain"}},
+    "root": {"handlers": ["console"], "level": env.str("WORLDCELL_LOG_LEVEL", default="INFO")},
+    "loggers": {"django.db.backends": {"level": "WARNING"}},
+}

@@ -1,0 +1,13 @@
+"""URL map: the admin, the ``/v1`` API, and a JSON 404 for everything else."""
+from django.contrib import admin
+from django.urls import path, re_path
+from django.views.decorators.csrf import csrf_exempt
+
+from . import rpc
+from .api import api
+
+urlpatterns = [
+    path("admin/", admin.site.urls),
+    path("v1/", api.urls),
+    re_path(r"^", csrf_exempt(rpc.handle)),
+]
