@@ -1,1 +1,0 @@
-"""Models of the runs, index and streams cells (imported from their modules)."""

@@ -1,0 +1,2 @@
+"""Models of the index cell."""
+__all__: list[str] = []

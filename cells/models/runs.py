@@ -1,0 +1,2 @@
+"""Models of the runs cell."""
+__all__: list[str] = []

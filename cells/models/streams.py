@@ -1,0 +1,2 @@
+"""Models of the streams cell."""
+__all__: list[str] = []
