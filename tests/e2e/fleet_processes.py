@@ -1,0 +1,122 @@
+"""Start a real fleet in subprocesses for end-to-end tests.
+
+* ``dev_fleet(db_url)`` — ``manage.py devfleet`` (waitress + in-process pump, no broker).
+* ``celery_fleet(db_url)`` — ``manage.py migrate``, gunicorn (gthread), a Celery
+  worker (threads pool) and Celery beat, against PostgreSQL and Redis.
+
+Both yield ``(url, secret)`` and stop every process afterwards.
+"""
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+import uuid
+from pathlib import Path
+
+import httpx
+
+ROOT = Path(__file__).resolve().parents[2]
+PY = sys.executable
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def wait_healthy(url: str, procs: list[subprocess.Popen], timeout_s: float = 60) -> None:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        for p in procs:
+            if p.poll() is not None:
+                raise RuntimeError(f"fleet process exited early: {p.args} rc={p.returncode}")
+        try:
+            if httpx.get(f"{url}/v1/health", timeout=1).status_code == 200:
+                return
+        except httpx.HTTPError:
+            pass
+        time.sleep(0.2)
+    raise RuntimeError("fleet did not become healthy")
+
+
+def _stop(procs: list[subprocess.Popen]) -> None:
+    for p in procs:
+        if p.poll() is None:
+            p.send_signal(signal.SIGINT if "devfleet" in " ".join(map(str, p.args)) else signal.SIGTERM)
+    for p in procs:
+        try:
+            p.wait(timeout=20)
+        except subprocess.TimeoutExpired:
+            p.kill()
+            p.wait()
+
+
+def base_env(db_url: str, secret: str, data_dir: Path, **extra: str) -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("DJANGO_", "PYTEST_"))}
+    env.update(
+        DATABASE_URL=db_url,
+        WORLD_SECRET=secret,
+        WORLDCELL_DATA_DIR=str(data_dir),
+        WORLDCELL_NO_BOOTSTRAP="1",
+        PYTHONUNBUFFERED="1",
+        **extra,
+    )
+    return env
+
+
+@contextlib.contextmanager
+def dev_fleet(db_url: str, data_dir: Path, log_path: Path, extra_env: dict[str, str] | None = None):
+    """Run ``manage.py devfleet`` on a free port; yields ``(url, secret, process)``."""
+    secret = uuid.uuid4().hex
+    port = free_port()
+    env = base_env(db_url, secret, data_dir, **(extra_env or {}))
+    log = open(log_path, "ab")
+    proc = subprocess.Popen(
+        [PY, "manage.py", "devfleet", "--port", str(port)], cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT
+    )
+    url = f"http://127.0.0.1:{port}"
+    try:
+        wait_healthy(url, [proc])
+        yield url, secret, proc
+    finally:
+        _stop([proc])
+        log.close()
+
+
+@contextlib.contextmanager
+def celery_fleet(db_url: str, data_dir: Path, log_dir: Path, broker_url: str, extra_env: dict[str, str] | None = None):
+    """Run migrate, gunicorn, a Celery worker and Celery beat; yields ``(url, secret, procs)``."""
+    secret = uuid.uuid4().hex
+    port = free_port()
+    env = base_env(db_url, secret, data_dir, CELERY_BROKER_URL=broker_url, WORLDCELL_USE_CELERY="true",
+                   **(extra_env or {}))
+    subprocess.run([PY, "manage.py", "migrate", "--noinput", "-v", "0"], cwd=ROOT, env=env, check=True)
+    bin_dir = Path(PY).parent
+    cmds = {
+        "api": [str(bin_dir / "gunicorn"), "worldcell.wsgi:application", "--bind", f"127.0.0.1:{port}",
+                "--worker-class", "gthread", "--workers", "2", "--threads", "8"],
+        "worker": [str(bin_dir / "celery"), "-A", "worldcell", "worker", "--pool", "threads", "--concurrency", "16",
+                   "--loglevel", "INFO", "--without-gossip", "--without-mingle"],
+        "beat": [str(bin_dir / "celery"), "-A", "worldcell", "beat", "--loglevel", "INFO",
+                 "--schedule", str(data_dir / "celerybeat-schedule")],
+    }
+    procs = []
+    logs = []
+    try:
+        for name, cmd in cmds.items():
+            log = open(log_dir / f"{name}.log", "ab")
+            logs.append(log)
+            procs.append(subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT))
+        url = f"http://127.0.0.1:{port}"
+        wait_healthy(url, procs)
+        yield url, secret, procs
+    finally:
+        _stop(procs)
+        for log in logs:
+            log.close()
