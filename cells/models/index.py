@@ -1,2 +1,178 @@
-"""Models of the index cell."""
-__all__: list[str] = []
+"""Models of the index cell: one ordered key/value table (PROTOCOL.md §4.3, §6).
+
+The index is the only generic key/value store of worldcell (DESIGN.md, §13):
+the client writes arbitrary keys into it (``run:…``, ``runall:…``,
+``correlation:…``) and the hook-token methods keep ``hook:``, ``hookid:`` and
+``hookclaim:`` entries there. One row = one key of one cell.
+
+Keys order by Unicode code point (= UTF-8 bytes, §1.3 and §12 A3): on
+PostgreSQL the ``cell`` and ``key`` columns use ``COLLATE "C"`` so the unique
+``(cell, key)`` btree serves ``list`` as an index range scan; SQLite's default
+BINARY collation already compares UTF-8 bytes.
+
+The hot single-key operations are one SQL statement each (see
+``IndexEntryManager``): ``put`` is an upsert, ``delete`` a plain DELETE, so
+writes of unrelated keys only ever meet on row locks of their own keys.
+"""
+from __future__ import annotations
+
+import hashlib
+from typing import Iterable
+
+from django.conf import settings
+from django.db import connection, models
+
+__all__ = ["C_COLLATION", "IndexEntry", "IndexEntryManager", "lock_hook_token"]
+
+
+def _is_postgres() -> bool:
+    return settings.DATABASES["default"]["ENGINE"].endswith("postgresql")
+
+
+#: Collation of range-scanned text columns: bytewise ``"C"`` on PostgreSQL,
+#: SQLite's default (BINARY, already bytewise) elsewhere.
+C_COLLATION = "C" if _is_postgres() else None
+
+
+class IndexEntryManager(models.Manager):
+    """Single-statement SQL for the hot index operations.
+
+    Values are passed and returned as codec-encoded text (``worldcell.codec``);
+    the service decodes/encodes. Each method runs in the caller's transaction
+    if there is one, else as one autocommit statement.
+    """
+
+    def _table(self) -> str:
+        return connection.ops.quote_name(self.model._meta.db_table)
+
+    def value_of(self, cell: str, key: str) -> str | None:
+        """The stored text of ``key`` in ``cell``, or None when absent."""
+        with connection.cursor() as cur:
+            cur.execute(f"SELECT value FROM {self._table()} WHERE cell = %s AND key = %s", [cell, key])
+            row = cur.fetchone()
+        return None if row is None else row[0]
+
+    def values_of(self, cell: str, keys: Iterable[str], *, for_update: bool = False) -> dict[str, str]:
+        """``{key: text}`` of those ``keys`` that exist in ``cell`` (one query).
+
+        ``for_update`` locks the found rows until the transaction ends
+        (PostgreSQL; SQLite transactions are already exclusive).
+        """
+        keys = list(keys)
+        marks = ", ".join(["%s"] * len(keys))
+        lock = " FOR UPDATE" if for_update and connection.features.has_select_for_update else ""
+        with connection.cursor() as cur:
+            cur.execute(
+                f"SELECT key, value FROM {self._table()} WHERE cell = %s AND key IN ({marks}){lock}",
+                [cell, *keys],
+            )
+            return dict(cur.fetchall())
+
+    def put_values(self, cell: str, items: Iterable[tuple[str, str]]) -> None:
+        """Insert or overwrite each ``(key, text)`` of ``cell`` in one upsert statement."""
+        items = list(items)
+        rows = ", ".join(["(%s, %s, %s)"] * len(items))
+        params: list[str] = []
+        for key, text in items:
+            params += [cell, key, text]
+        with connection.cursor() as cur:
+            cur.execute(
+                f"INSERT INTO {self._table()} (cell, key, value) VALUES {rows} "
+                "ON CONFLICT (cell, key) DO UPDATE SET value = excluded.value",
+                params,
+            )
+
+    def delete_keys(self, cell: str, keys: Iterable[str]) -> int:
+        """Delete those ``keys`` of ``cell`` that exist; returns how many rows went."""
+        keys = list(keys)
+        if not keys:
+            return 0
+        marks = ", ".join(["%s"] * len(keys))
+        with connection.cursor() as cur:
+            cur.execute(f"DELETE FROM {self._table()} WHERE cell = %s AND key IN ({marks})", [cell, *keys])
+            return cur.rowcount
+
+    def page_of_keys(
+        self,
+        cell: str,
+        *,
+        lower: str,
+        upper: str | None,
+        cursor: str | None,
+        reverse: bool,
+        fetch: int,
+    ) -> list[str]:
+        """Up to ``fetch`` keys of ``cell`` in ``[lower, upper)`` beyond ``cursor``.
+
+        Ascending keys are strictly greater than ``cursor``; with ``reverse``
+        they are strictly less and come in descending order. ``upper`` None
+        means unbounded. One index range scan on ``(cell, key)``.
+        """
+        where = ["cell = %s", "key >= %s"]
+        params: list[object] = [cell, lower]
+        if upper is not None:
+            where.append("key < %s")
+            params.append(upper)
+        if cursor is not None:
+            where.append("key < %s" if reverse else "key > %s")
+            params.append(cursor)
+        order = "DESC" if reverse else "ASC"
+        params.append(fetch)
+        with connection.cursor() as cur:
+            cur.execute(
+                f"SELECT key FROM {self._table()} WHERE {' AND '.join(where)} "
+                f"ORDER BY key {order} LIMIT %s",
+                params,
+            )
+            return [row[0] for row in cur.fetchall()]
+
+
+class IndexEntry(models.Model):
+    """One key of one index cell (PROTOCOL.md §6.1).
+
+    Fields:
+        cell: the cell name (the client always uses ``index``); bytewise collation.
+        key: the key, e.g. ``run:<workflow>:<ms13>:<runId>``; unique per cell,
+            ordered bytewise (``COLLATE "C"`` on PostgreSQL).
+        value: the stored value as codec-encoded JSON text (any JSON value:
+            the client's JSON strings, ``hookclaim:`` objects, bytes, dates).
+    """
+
+    cell = models.TextField(db_collation=C_COLLATION)
+    key = models.TextField(db_collation=C_COLLATION)
+    value = models.TextField(help_text="codec-encoded JSON of the stored value")
+
+    objects = IndexEntryManager()
+
+    class Meta:
+        verbose_name = "index entry"
+        verbose_name_plural = "index entries"
+        constraints = [
+            models.UniqueConstraint(fields=["cell", "key"], name="cells_indexentry_cell_key_uniq"),
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.cell}/{self.key}"
+
+
+def _hook_token_lock_id(cell: str, token: str) -> int:
+    digest = hashlib.blake2b(
+        f"worldcell:index-hook-token\x00{cell}\x00{token}".encode("utf-8", "surrogatepass"), digest_size=8
+    ).digest()
+    return int.from_bytes(digest, "big", signed=True)
+
+
+def lock_hook_token(cell: str, token: str) -> None:
+    """Serialize hook-token work on ``token`` of index cell ``cell`` until the transaction ends.
+
+    PostgreSQL: ``pg_advisory_xact_lock`` on a 64-bit hash of (cell, token),
+    so operations on *different* tokens never wait for each other (§6.3,
+    DESIGN.md rule 1) and no lock row has to be created or cleaned up. A hash
+    collision can only make two tokens wait for each other, never break
+    correctness. SQLite: a no-op — its IMMEDIATE transactions already hold
+    the database write lock. Must be called inside ``transaction.atomic()``.
+    """
+    if connection.vendor != "postgresql":
+        return
+    with connection.cursor() as cur:
+        cur.execute("SELECT pg_advisory_xact_lock(%s)", [_hook_token_lock_id(cell, token)])

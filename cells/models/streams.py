@@ -1,2 +1,226 @@
-"""Models of the streams cell."""
-__all__: list[str] = []
+"""Models of the streams cell: streams, their chunks, and per-run stream registries (PROTOCOL.md §8).
+
+A streams cell plays two roles chosen by which methods are called (§8.1):
+
+* chunk role (cell ``stream:<name>``): one ``Stream`` row (chunks written =
+  next index, closed flag) is the cell's lock target; each chunk is a
+  ``StreamChunk`` row keyed by ``(stream, index)``;
+* registry role (cell ``run-streams:<runId>``): one ``StreamRegistration``
+  row per registered stream name.
+
+Chunk payloads: bytes (all the reference client ever sends) go into the
+binary ``data`` column as they are — no base64 inflation, previewable in the
+admin; any other value (§12 A11: a legacy ``{"__uint8array":…}`` object, a
+string, null) goes into ``value`` as codec-encoded text and is echoed
+verbatim. Exactly one of the two columns is non-NULL.
+
+``StreamManager`` holds the hot-path SQL: ``writeChunk`` is a single
+statement on PostgreSQL (an upsert that locks the stream row and allocates
+the index, chained to the chunk INSERT) and two statements inside one
+IMMEDIATE transaction on SQLite.
+"""
+from __future__ import annotations
+
+from datetime import datetime
+from typing import Any
+
+from django.db import connection, models, transaction
+
+from .index import C_COLLATION
+
+__all__ = ["Stream", "StreamChunk", "StreamManager", "StreamRegistration", "StreamRegistrationManager"]
+
+
+def _q(name: str) -> str:
+    return connection.ops.quote_name(name)
+
+
+class StreamManager(models.Manager):
+    """SQL of the chunk role; every method is one short statement or transaction."""
+
+    def _tables(self) -> tuple[str, str]:
+        return _q(Stream._meta.db_table), _q(StreamChunk._meta.db_table)
+
+    def append_chunk(self, name: str, data: bytes | None, value: str | None, now: datetime) -> int | None:
+        """Append one chunk to stream ``name`` (created if missing) and return its index.
+
+        Locks the stream row, allocates ``index = count`` and bumps ``count``
+        in one upsert, then inserts the chunk — all in one transaction, so
+        concurrent writers get dense indexes 0..N-1 (§8.2). Pass either
+        ``data`` (bytes) or ``value`` (codec text). Returns None, writing
+        nothing, when the stream is closed.
+        """
+        stream, chunk = self._tables()
+        stamp = connection.ops.adapt_datetimefield_value(now)
+        upsert = (
+            f"INSERT INTO {stream} AS s (name, {_q('count')}, closed, created_at, updated_at) "
+            "VALUES (%s, 1, %s, %s, %s) "
+            f"ON CONFLICT (name) DO UPDATE SET {_q('count')} = s.{_q('count')} + 1, "
+            "updated_at = excluded.updated_at WHERE NOT s.closed "
+            f"RETURNING id, {_q('count')} - 1"
+        )
+        params: list[Any] = [name, False, stamp, stamp]
+        with connection.cursor() as cur:
+            if connection.vendor == "postgresql":
+                # One round trip: allocation and chunk insert chained by a CTE.
+                cur.execute(
+                    f"WITH alloc (stream_id, idx) AS ({upsert}) "
+                    f"INSERT INTO {chunk} (stream_id, {_q('index')}, data, value) "
+                    f"SELECT stream_id, idx, %s, %s FROM alloc RETURNING {_q('index')}",
+                    params + [data, value],
+                )
+                row = cur.fetchone()
+                return None if row is None else row[0]
+            with transaction.atomic():
+                cur.execute(upsert, params)
+                row = cur.fetchone()
+                if row is None:
+                    return None
+                stream_id, index = row
+                cur.execute(
+                    f"INSERT INTO {chunk} (stream_id, {_q('index')}, data, value) VALUES (%s, %s, %s, %s)",
+                    [stream_id, index, data, value],
+                )
+                return index
+
+    def close(self, name: str, now: datetime) -> None:
+        """Mark stream ``name`` closed, creating it (empty) if missing; idempotent (§8.2)."""
+        stream, _ = self._tables()
+        stamp = connection.ops.adapt_datetimefield_value(now)
+        with connection.cursor() as cur:
+            cur.execute(
+                f"INSERT INTO {stream} AS s (name, {_q('count')}, closed, created_at, updated_at) "
+                "VALUES (%s, 0, %s, %s, %s) "
+                "ON CONFLICT (name) DO UPDATE SET closed = %s, updated_at = excluded.updated_at",
+                [name, True, stamp, stamp, True],
+            )
+
+    def meta(self, name: str) -> tuple[int, int, bool] | None:
+        """``(id, count, closed)`` of stream ``name``, or None when it was never written."""
+        stream, _ = self._tables()
+        with connection.cursor() as cur:
+            cur.execute(f"SELECT id, {_q('count')}, closed FROM {stream} WHERE name = %s", [name])
+            row = cur.fetchone()
+        return None if row is None else (row[0], row[1], bool(row[2]))
+
+    def chunk_page(self, stream_id: int, start: int, end: int, limit: int | None) -> list[tuple[Any, str | None]]:
+        """``(data, value)`` of chunks ``start <= index < end`` in index order, at most ``limit``.
+
+        One range scan on the ``(stream, index)`` unique index: cost is
+        proportional to ``limit``, not to the stream length. ``limit`` None
+        reads every chunk of the range. ``end`` is the count read with the
+        stream row, so a page never runs past the ``tailIndex`` it reports.
+        """
+        _, chunk = self._tables()
+        index = _q("index")
+        sql = (
+            f"SELECT data, value FROM {chunk} WHERE stream_id = %s AND {index} >= %s AND {index} < %s "
+            f"ORDER BY {index}"
+        )
+        params: list[Any] = [stream_id, start, end]
+        if limit is not None:
+            sql += " LIMIT %s"
+            params.append(limit)
+        with connection.cursor() as cur:
+            cur.execute(sql, params)
+            return cur.fetchall()
+
+
+class StreamRegistrationManager(models.Manager):
+    """SQL of the registry role (§8.2 ``registerStream`` / ``listStreams``)."""
+
+    def register(self, cell: str, name: str, now: datetime) -> None:
+        """Record ``name`` in registry cell ``cell``; idempotent (one INSERT … ON CONFLICT DO NOTHING)."""
+        table = _q(StreamRegistration._meta.db_table)
+        with connection.cursor() as cur:
+            cur.execute(
+                f"INSERT INTO {table} (cell, name, created_at) VALUES (%s, %s, %s) "
+                "ON CONFLICT (cell, name) DO NOTHING",
+                [cell, name, connection.ops.adapt_datetimefield_value(now)],
+            )
+
+    def names(self, cell: str) -> list[str]:
+        """Every name registered in ``cell``, ascending bytewise (index scan on ``(cell, name)``)."""
+        table = _q(StreamRegistration._meta.db_table)
+        with connection.cursor() as cur:
+            cur.execute(f"SELECT name FROM {table} WHERE cell = %s ORDER BY name", [cell])
+            return [row[0] for row in cur.fetchall()]
+
+
+class Stream(models.Model):
+    """One stream cell in its chunk role (``stream:<name>``), the lock target of its writes.
+
+    Fields:
+        name: the cell name, e.g. ``stream:strm_01J…``; unique, bytewise collation.
+        count: chunks written so far, i.e. the next chunk index (``tailIndex`` = count − 1).
+        closed: true once ``closeStream`` ran; further writes fail (§8.2).
+        created_at / updated_at: first and latest write or close (UTC).
+    """
+
+    name = models.TextField(db_collation=C_COLLATION)
+    count = models.BigIntegerField(default=0, help_text="chunks written = next chunk index")
+    closed = models.BooleanField(default=False)
+    created_at = models.DateTimeField()
+    updated_at = models.DateTimeField()
+
+    objects = StreamManager()
+
+    class Meta:
+        verbose_name = "stream"
+        # A constraint rather than unique=True: no redundant text_pattern_ops
+        # index on PostgreSQL (the C collation already serves prefix scans).
+        constraints = [models.UniqueConstraint(fields=["name"], name="cells_stream_name_uniq")]
+
+    def __str__(self) -> str:
+        return self.name
+
+
+class StreamChunk(models.Model):
+    """One chunk of a stream, at its 0-based ``index`` (§8.1).
+
+    Fields:
+        stream: the owning ``Stream``.
+        index: 0-based position, dense per stream; unique with ``stream``.
+        data: the chunk bytes (NULL when the chunk is not bytes).
+        value: codec-encoded JSON of a non-bytes chunk (§12 A11), else NULL.
+    """
+
+    stream = models.ForeignKey(Stream, on_delete=models.CASCADE, related_name="chunks", db_index=False)
+    index = models.BigIntegerField()
+    data = models.BinaryField(null=True, blank=True)
+    value = models.TextField(null=True, blank=True, help_text="codec-encoded JSON of a non-bytes chunk")
+
+    class Meta:
+        verbose_name = "stream chunk"
+        constraints = [
+            models.UniqueConstraint(fields=["stream", "index"], name="cells_streamchunk_stream_index_uniq"),
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.stream_id}#{self.index}"
+
+
+class StreamRegistration(models.Model):
+    """A stream name registered in a registry cell (``run-streams:<runId>``, §8.1).
+
+    Fields:
+        cell: the registry cell name; bytewise collation.
+        name: the registered stream name (without the ``stream:`` prefix);
+            unique per cell, listed in bytewise order.
+        created_at: when it was first registered (UTC).
+    """
+
+    cell = models.TextField(db_collation=C_COLLATION)
+    name = models.TextField(db_collation=C_COLLATION)
+    created_at = models.DateTimeField()
+
+    objects = StreamRegistrationManager()
+
+    class Meta:
+        verbose_name = "stream registration"
+        constraints = [
+            models.UniqueConstraint(fields=["cell", "name"], name="cells_streamregistration_cell_name_uniq"),
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.cell}/{self.name}"
