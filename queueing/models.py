@@ -1,1 +1,169 @@
-"""Models of the queue cells."""
+"""Models of the queue cells (PROTOCOL.md §7.1, DESIGN.md "Delivery").
+
+Upstream keeps a queue cell as keys in one ordered map; worldcell keeps the
+same state in three tables an operator can query:
+
+================================  ==========================================
+upstream key                      worldcell row
+================================  ==========================================
+``cfg``                           ``QueueCell.queue_shards`` / ``pinned_at``
+(the cell's alarm)                ``QueueCell.alarm_at``
+``msg:<id>``                      one ``Message`` row
+``due:<ms13>:<id>``               ``Message.due_at`` (NULL = not scheduled)
+``inflight:<id>``                 ``Message.inflight_deadline`` (NULL = not claimed)
+``key:<idempotencyKey>``          the live ``Message`` with that ``idempotency_key``
+``dlq:<ms13 failedAt>:<id>``      one ``DeadLetter`` row (``dlq_key`` is the key)
+================================  ==========================================
+
+A message row exists from enqueue until it is acked, dropped or dead-lettered,
+so "the key is held" is simply "a message row with that key exists" (a
+partial unique constraint keeps one holder per key and cell). All times are
+integer epoch milliseconds, as on the wire. The body is stored codec-encoded
+(a JSON string literal, DESIGN.md rule 5) so U+0000 and lone surrogates are
+safe in PostgreSQL; ``Message.body_text`` gives it back.
+"""
+from __future__ import annotations
+
+from django.conf import settings
+from django.db import models
+from django.db.models import Q
+
+from worldcell import codec
+
+__all__ = ["C_COLLATION", "DeadLetter", "Message", "QueueCell"]
+
+
+def _is_postgres() -> bool:
+    return settings.DATABASES["default"]["ENGINE"].endswith("postgresql")
+
+
+#: Bytewise collation for ordered text columns on PostgreSQL (SQLite's default
+#: BINARY collation already compares UTF-8 bytes).
+C_COLLATION = "C" if _is_postgres() else None
+
+
+class QueueCell(models.Model):
+    """One queue shard ``q:<n>``: its pinned config and its alarm.
+
+    The row is the cell's lock: every transition of the cell runs in one
+    transaction that first takes ``SELECT … FOR UPDATE`` on it (DESIGN.md rule 1).
+    """
+
+    name = models.TextField(unique=True, help_text="cell name, e.g. q:0")
+    queue_shards = models.IntegerField(
+        null=True, blank=True, help_text="shard count pinned by the first enqueue (cfg.queueShards)"
+    )
+    pinned_at = models.BigIntegerField(null=True, blank=True, help_text="epoch ms of the pin (cfg.pinnedAt)")
+    alarm_at = models.BigIntegerField(
+        null=True, blank=True, db_index=True, help_text="epoch ms when the cell wants its alarm; NULL = none"
+    )
+
+    class Meta:
+        verbose_name = "queue cell"
+        ordering = ["name"]
+
+    def __str__(self) -> str:
+        return self.name
+
+
+class Message(models.Model):
+    """One live queue message: pending (``due_at`` set) and/or claimed (``inflight_deadline`` set).
+
+    ``attempt`` counts completed *counted* delivery attempts; the wire header
+    ``x-vqs-message-attempt`` is ``attempt + 1``. ``deliveries`` counts every
+    POST started (including 503-redeliveries that are not counted). A claim is
+    identified by ``claim_token``; an outcome is applied only while the token
+    still matches (compare-and-set), and ``delivery_started_at`` marks that
+    the POST of the current claim has begun, so a duplicated delivery task
+    cannot POST the same claim twice.
+    """
+
+    cell = models.ForeignKey(QueueCell, on_delete=models.CASCADE, related_name="messages")
+    message_id = models.TextField(db_collation=C_COLLATION)
+    queue_name = models.TextField()
+    pathname = models.TextField()
+    body = models.TextField(help_text="codec-encoded body string (a JSON string literal)")
+    target_base_url = models.TextField()
+    idempotency_key = models.TextField(null=True, blank=True, db_collation=C_COLLATION)
+    attempt = models.IntegerField(default=0)
+    enqueued_at = models.BigIntegerField()
+    due_at = models.BigIntegerField(null=True, blank=True, help_text="epoch ms; NULL = not scheduled")
+    inflight_deadline = models.BigIntegerField(
+        null=True, blank=True, help_text="epoch ms after which a claim counts as lost; NULL = not claimed"
+    )
+    claim_token = models.CharField(max_length=32, null=True, blank=True)
+    delivery_started_at = models.BigIntegerField(null=True, blank=True)
+    deliveries = models.IntegerField(default=0, help_text="POSTs started, counted or not")
+    last_error = models.TextField(null=True, blank=True)
+    last_status = models.IntegerField(null=True, blank=True, help_text="HTTP status of the last answer")
+    last_attempt_at = models.BigIntegerField(null=True, blank=True, help_text="epoch ms the last POST started")
+    updated_at = models.BigIntegerField(help_text="epoch ms of the last transition")
+
+    class Meta:
+        constraints = [
+            models.UniqueConstraint(fields=["cell", "message_id"], name="queue_message_unique_id"),
+            models.UniqueConstraint(
+                fields=["cell", "idempotency_key"],
+                condition=Q(idempotency_key__isnull=False) & ~Q(idempotency_key=""),
+                name="queue_message_unique_key",
+            ),
+        ]
+        indexes = [
+            # claim_due_messages: earliest due first per cell; also counts pending.
+            models.Index(fields=["cell", "due_at", "message_id"], name="queue_message_due"),
+            # recovery of lost claims, inflight counts, next deadline.
+            models.Index(fields=["cell", "inflight_deadline"], name="queue_message_inflight"),
+        ]
+
+    def __str__(self) -> str:
+        return self.message_id
+
+    @property
+    def body_text(self) -> str:
+        """The body exactly as the client sent it."""
+        return codec.decode(self.body)
+
+    @property
+    def state(self) -> str:
+        """``"in flight"``, ``"pending"`` or ``"idle"`` (for operators)."""
+        if self.inflight_deadline is not None:
+            return "in flight"
+        return "pending" if self.due_at is not None else "idle"
+
+
+class DeadLetter(models.Model):
+    """A message that failed ``QUEUE_MAX_ATTEMPTS`` counted deliveries (PROTOCOL.md §7.7).
+
+    ``dlq_key`` is the upstream key ``dlq:<ms13 failedAt>:<messageId>``; the
+    P4 listing orders by it and returns it as the cursor (§4.0).
+    """
+
+    cell = models.ForeignKey(QueueCell, on_delete=models.CASCADE, related_name="dead_letters")
+    dlq_key = models.TextField(db_collation=C_COLLATION)
+    message_id = models.TextField(db_collation=C_COLLATION)
+    queue_name = models.TextField()
+    pathname = models.TextField()
+    body = models.TextField(help_text="codec-encoded body string (a JSON string literal)")
+    target_base_url = models.TextField()
+    idempotency_key = models.TextField(null=True, blank=True)
+    attempt = models.IntegerField()
+    enqueued_at = models.BigIntegerField()
+    last_error = models.TextField(null=True, blank=True)
+    last_status = models.IntegerField(null=True, blank=True)
+    deliveries = models.IntegerField(default=0)
+    failed_at = models.BigIntegerField()
+
+    class Meta:
+        verbose_name = "dead letter"
+        constraints = [
+            models.UniqueConstraint(fields=["cell", "dlq_key"], name="queue_deadletter_unique_key"),
+        ]
+        indexes = [models.Index(fields=["cell", "message_id"], name="queue_deadletter_message")]
+
+    def __str__(self) -> str:
+        return self.dlq_key
+
+    @property
+    def body_text(self) -> str:
+        """The body exactly as the client sent it."""
+        return codec.decode(self.body)

@@ -1,0 +1,144 @@
+"""The ``queue`` binding's cell service (PROTOCOL.md §4.4, §7).
+
+``QueueCell(name)`` is what the RPC router builds for ``/v1/rpc/queue/<name>/…``;
+its methods are the six wire methods. They validate the arguments
+(bad input is HTTP 400 ``ValidationError``, worldcell's policy) and call
+``queueing.machine``; each call reads ``now`` once.
+"""
+from __future__ import annotations
+
+import math
+from typing import Any
+
+from worldcell import clock
+from worldcell.errors import ValidationError
+
+from . import machine
+
+__all__ = ["QueueCell"]
+
+_INT32 = 2**31 - 1
+
+
+def _storable(text: str, field: str) -> str:
+    """``text`` unless it holds U+0000 or a lone surrogate (neither fits a text column)."""
+    if "\x00" in text:
+        raise ValidationError(f"{field}: must not contain U+0000")
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        raise ValidationError(f"{field}: must not contain a lone surrogate") from None
+    return text
+
+
+def _string(obj: dict, key: str, field: str, *, optional: bool = False) -> str | None:
+    value = obj.get(key)
+    if value is None and optional:
+        return None
+    if not isinstance(value, str):
+        raise ValidationError(f"{field}: expected a string" + ("" if value is None else f", got {type(value).__name__}"))
+    return value
+
+
+def _number(value: Any) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
+
+
+def _integer(value: Any, field: str, *, minimum: int | None = None) -> int:
+    if not _number(value) or value != int(value):
+        raise ValidationError(f"{field}: expected an integer")
+    value = int(value)
+    if minimum is not None and value < minimum:
+        raise ValidationError(f"{field}: must be >= {minimum}")
+    return value
+
+
+def parse_enqueue_request(request: Any) -> machine.EnqueueRequest:
+    """Validate an ``enqueue`` request object (§7.3); raises ValidationError naming the field.
+
+    Required strings: ``messageId``, ``queueName``, ``pathname``, ``body``,
+    ``config.targetBaseUrl``; ``config.queueShards`` an integer; optional
+    ``idempotencyKey`` (string) and ``delaySeconds`` (number, fractional and
+    negative allowed). JSON null counts as absent for the optional members.
+    """
+    if not isinstance(request, dict):
+        raise ValidationError("request: expected an object")
+    cfg = request.get("config")
+    if not isinstance(cfg, dict):
+        raise ValidationError("request.config: expected an object")
+    message_id = _storable(_string(request, "messageId", "request.messageId"), "request.messageId")
+    queue_name = _storable(_string(request, "queueName", "request.queueName"), "request.queueName")
+    pathname = _storable(_string(request, "pathname", "request.pathname"), "request.pathname")
+    body = _string(request, "body", "request.body")
+    base = _storable(_string(cfg, "targetBaseUrl", "request.config.targetBaseUrl"), "request.config.targetBaseUrl")
+    shards = _integer(cfg.get("queueShards"), "request.config.queueShards")
+    if abs(shards) > _INT32:
+        raise ValidationError("request.config.queueShards: out of range")
+    key = _string(request, "idempotencyKey", "request.idempotencyKey", optional=True)
+    if key is not None:
+        _storable(key, "request.idempotencyKey")
+    delay = request.get("delaySeconds")
+    if delay is not None and not _number(delay):
+        raise ValidationError("request.delaySeconds: expected a number")
+    return machine.EnqueueRequest(
+        message_id=message_id,
+        queue_name=queue_name,
+        pathname=pathname,
+        body=body,
+        target_base_url=base,
+        queue_shards=shards,
+        idempotency_key=key,
+        delay_seconds=delay,
+    )
+
+
+class QueueCell:
+    """One queue cell ``q:<n>`` as the RPC router sees it (binding ``queue``).
+
+    Args:
+        name: the decoded cell name (any string without U+0000 / lone surrogates).
+    """
+
+    def __init__(self, name: str):
+        self.name = _storable(name, "cell name")
+
+    def enqueue(self, request: Any = None) -> dict[str, Any]:
+        """``enqueue([request])`` -> ``{"ok":true,"messageId","deduped"}`` or CONFIG_MISMATCH (§4.4, §7.3)."""
+        return machine.enqueue(self.name, parse_enqueue_request(request), clock.now_ms())
+
+    def stats(self) -> dict[str, Any]:
+        """``stats([])`` -> ``{"pending","inflight","deadLetters","alarmAt"}`` (§7.9)."""
+        return machine.cell_stats(self.name)
+
+    def list_dead_letters(self, params: Any = None) -> dict[str, Any]:
+        """``listDeadLetters([params?])`` -> P4 page (§4.0): ``limit`` (default 100), ``cursor`` (full key)."""
+        if params is None:
+            params = {}
+        if not isinstance(params, dict):
+            raise ValidationError("params: expected an object")
+        limit = params.get("limit")
+        limit = 100 if limit is None else min(_integer(limit, "params.limit", minimum=0), _INT32)
+        cursor = params.get("cursor")
+        if cursor is not None:
+            if not isinstance(cursor, str):
+                raise ValidationError("params.cursor: expected a string")
+            _storable(cursor, "params.cursor")
+        return machine.list_dead_letters(self.name, limit, cursor)
+
+    def redrive_dead_letter(self, message_id: Any = None) -> dict[str, bool]:
+        """``redriveDeadLetter([messageId])`` -> ``{"ok":bool}`` (§7.9); unknown ids give ``{"ok":false}``."""
+        if not isinstance(message_id, str) or "\x00" in message_id:
+            return {"ok": False}
+        try:
+            message_id.encode("utf-8")
+        except UnicodeEncodeError:
+            return {"ok": False}
+        return machine.redrive_dead_letter(self.name, message_id, clock.now_ms())
+
+    def purge_dead_letters(self) -> dict[str, int]:
+        """``purgeDeadLetters([])`` -> ``{"purged": n}`` (§7.9)."""
+        return machine.purge_dead_letters(self.name)
+
+    def rearm_alarm(self) -> dict[str, int | None]:
+        """``rearmAlarm([])`` -> ``{"alarmAt": ms|null}`` (§7.9)."""
+        return machine.rearm_alarm(self.name, clock.now_ms())

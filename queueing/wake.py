@@ -1,0 +1,146 @@
+"""Waking a queue cell's driver: Celery when ``WORLDCELL_USE_CELERY``, else the in-process pump.
+
+The database decides what is due (DESIGN.md rule 3); a wake-up only asks
+"run this cell's alarm handler now (or at ``at_ms``)". Losing, duplicating or
+delaying a wake-up can delay a delivery, never lose or repeat one: beat (every
+second) or the pump's tick (every 25 ms) fires every due alarm anyway.
+
+* ``wake_cell(name, at_ms=None)`` — the one function the rest of the code calls.
+* ``after_transition`` / ``after_fire`` — what the state machine registers with
+  ``transaction.on_commit`` after a transition: an immediate wake when work is
+  due now (enqueue, freed in-flight slot, 503 ``timeoutSeconds: 0``), a Celery
+  ``countdown`` wake for work due within ``COUNTDOWN_WAKE_MAX_MS``, nothing
+  for later work (beat covers it; the due time lives in the database, never
+  in a long Celery ETA).
+* ``register_pump`` / ``current_pump`` — the process's ``LocalPump``, if any.
+"""
+from __future__ import annotations
+
+import logging
+import threading
+from typing import Any, Protocol
+
+from django.conf import settings
+
+from worldcell import clock
+
+from . import config
+
+log = logging.getLogger("queueing.wake")
+
+__all__ = [
+    "COUNTDOWN_WAKE_MAX_MS",
+    "after_fire",
+    "after_transition",
+    "current_pump",
+    "register_pump",
+    "unregister_pump",
+    "wake_cell",
+]
+
+#: Work due within this many ms gets a Celery countdown wake-up (well under
+#: any broker visibility timeout); later work is left to beat.
+COUNTDOWN_WAKE_MAX_MS = 60_000
+#: An immediate wake-up task older than this is useless (beat has run since).
+_WAKE_EXPIRES_S = 30.0
+
+
+class Pump(Protocol):
+    def wake(self, cell_name: str | None = None) -> None: ...
+
+
+_pump: Pump | None = None
+_pump_lock = threading.Lock()
+# cell name -> epoch ms of the countdown wake this process already sent
+_scheduled: dict[str, int] = {}
+_scheduled_lock = threading.Lock()
+
+
+def register_pump(pump: Pump) -> None:
+    """Make ``pump`` the receiver of this process's wake-ups (when Celery is off)."""
+    global _pump
+    with _pump_lock:
+        _pump = pump
+
+
+def unregister_pump(pump: Pump) -> None:
+    """Forget ``pump`` if it is the registered one."""
+    global _pump
+    with _pump_lock:
+        if _pump is pump:
+            _pump = None
+
+
+def current_pump() -> Pump | None:
+    """The registered pump, or None."""
+    return _pump
+
+
+def wake_cell(name: str, at_ms: int | None = None, now: int | None = None) -> None:
+    """Ask the driver to run cell ``name``'s alarm handler now, or at ``at_ms`` (epoch ms).
+
+    With Celery: sends ``queueing.tasks.wake_cell`` (with a ``countdown`` for
+    a future ``at_ms``; a countdown this process already sent for an earlier
+    or equal time is not repeated, because that wake re-schedules the next
+    one). Without Celery: pokes the registered pump (future times are left to
+    its tick). Never raises: a failed send is logged with the cell name.
+    """
+    now = clock.now_ms() if now is None else now
+    delay_ms = 0 if at_ms is None else max(0, at_ms - now)
+    try:
+        if settings.WORLDCELL_USE_CELERY:
+            _send_celery_wake(name, delay_ms, now)
+        elif delay_ms <= config.MIN_ALARM_DELAY_MS:
+            pump = _pump
+            if pump is not None:
+                pump.wake(name)
+    except Exception:  # noqa: BLE001 - a lost wake only delays delivery until the next tick
+        log.exception("queue cell %s: could not send a wake-up; the next beat tick will fire it", name)
+
+
+def _send_celery_wake(name: str, delay_ms: int, now: int) -> None:
+    from .tasks import wake_cell as wake_task
+
+    options: dict[str, Any] = {}
+    if delay_ms > config.MIN_ALARM_DELAY_MS:
+        at = now + delay_ms
+        with _scheduled_lock:
+            pending = _scheduled.get(name)
+            if pending is not None and now < pending <= at:
+                return
+            _scheduled[name] = at
+            if len(_scheduled) > 10_000:
+                for key in [k for k, v in _scheduled.items() if v <= now]:
+                    del _scheduled[key]
+        options["countdown"] = delay_ms / 1000.0 + 0.002
+    options["expires"] = options.get("countdown", 0.0) + _WAKE_EXPIRES_S
+    wake_task.apply_async((name,), **options)
+
+
+def after_transition(name: str, alarm_at: int | None, now: int) -> None:
+    """On commit of a transition: wake the cell if its alarm says work is due soon.
+
+    ``alarm_at ≤ now + 1`` (work due now) -> immediate wake; within
+    ``COUNTDOWN_WAKE_MAX_MS`` -> a countdown wake (Celery only); else nothing.
+    """
+    if alarm_at is None:
+        return
+    delay = alarm_at - now
+    if delay <= config.MIN_ALARM_DELAY_MS:
+        wake_cell(name, None, now)
+    elif delay <= COUNTDOWN_WAKE_MAX_MS:
+        wake_cell(name, alarm_at, now)
+
+
+def after_fire(name: str, alarm_at: int | None, now: int) -> None:
+    """On commit of a claim phase: keep a countdown wake for the next future alarm.
+
+    No immediate wake here: an alarm at ``now + 1`` after a claim means every
+    in-flight slot is busy (§7.4), and the outcome that frees a slot wakes the
+    cell itself — waking now would only spin.
+    """
+    if alarm_at is None:
+        return
+    delay = alarm_at - now
+    if config.MIN_ALARM_DELAY_MS < delay <= COUNTDOWN_WAKE_MAX_MS:
+        wake_cell(name, alarm_at, now)
