@@ -50,6 +50,15 @@ def test_it_paginates_with_the_last_returned_key_as_cursor(rpc):
     assert page3 == {"keys": [{"name": "run:wf:5"}], "list_complete": True}
 
 
+def test_it_pages_fifteen_runs_of_one_workflow_by_ten(rpc):
+    put_keys(rpc, *(f"run:paginated-workflow:{1767323045678 + i:013d}:wrun_{i:02d}" for i in range(15)))
+    put_keys(rpc, "run:paginated-workflow2:0000000000001:wrun_x")
+    page = listing(rpc, {"prefix": "run:paginated-workflow:", "limit": 10})
+    assert len(page["keys"]) == 10 and page["list_complete"] is False
+    rest = listing(rpc, {"prefix": "run:paginated-workflow:", "limit": 10, "cursor": page["cursor"]})
+    assert len(rest["keys"]) == 5 and rest["list_complete"] is True
+
+
 def test_it_reports_complete_without_cursor_when_a_page_ends_at_the_last_key(rpc):
     put_keys(rpc, "run:wf:1", "run:wf:2")
     assert listing(rpc, {"prefix": "run:", "limit": 2}) == {
@@ -215,3 +224,34 @@ def test_it_clamps_a_huge_limit(rpc):
 )
 def test_it_computes_the_smallest_string_above_a_prefix(prefix, bound):
     assert prefix_upper_bound(prefix) == bound
+
+
+@pytest.mark.postgres_only
+@pytest.mark.parametrize("reverse", [False, True])
+def test_it_lists_by_an_index_range_scan_without_sorting(rpc, reverse):
+    import json
+
+    from django.db import connection
+    from django.test.utils import CaptureQueriesContext
+
+    with connection.cursor() as cur:
+        cur.execute(
+            "INSERT INTO cells_indexentry (cell, key, value) "
+            "SELECT 'index', 'run:wf:' || lpad(g::text, 6, '0'), '\"x\"' FROM generate_series(1, 20000) g "
+            "UNION ALL SELECT 'index', 'runall:' || lpad(g::text, 6, '0'), '\"x\"' FROM generate_series(1, 20000) g"
+        )
+        cur.execute("ANALYZE cells_indexentry")
+    with CaptureQueriesContext(connection) as ctx:
+        page = listing(rpc, {"prefix": "run:", "limit": 5, "reverse": reverse, "cursor": "run:wf:010000"})
+    expected = [f"run:wf:{i:06d}" for i in (range(9995, 10000)[::-1] if reverse else range(10001, 10006))]
+    assert names(page) == expected
+    (sql,) = [q["sql"] for q in ctx.captured_queries if "cells_indexentry" in q["sql"]]
+    with connection.cursor() as cur:
+        cur.execute("EXPLAIN (ANALYZE, FORMAT JSON) " + sql)
+        raw = cur.fetchone()[0]
+    plan = (json.loads(raw) if isinstance(raw, str) else raw)[0]["Plan"]
+    nodes = [plan, *plan.get("Plans", [])]
+    assert {n["Node Type"] for n in nodes} <= {"Limit", "Index Scan", "Index Only Scan"}, nodes
+    scan = nodes[-1]
+    assert scan["Index Name"] == "cells_indexentry_cell_key_uniq"
+    assert scan["Actual Rows"] == 6  # limit + 1 peek

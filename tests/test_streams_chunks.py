@@ -66,6 +66,14 @@ def test_it_keeps_the_count_when_closing(rpc):
     rpc.ok("streams", "stream:k", "closeStream")
     assert rpc.ok("streams", "stream:k", "getInfo") == {"tailIndex": 2, "done": True}
     assert b"".join(chunks(rpc, "stream:k", 1)["chunks"]) == b"onetwo"
+    # the client resolves startIndex -2 through getInfo: max(0, tailIndex + 1 - 2) = 1
+    tail = rpc.ok("streams", "stream:k", "getInfo")["tailIndex"]
+    assert b"".join(chunks(rpc, "stream:k", max(0, tail + 1 - 2))["chunks"]) == b"onetwo"
+
+
+def test_it_reports_an_open_stream_with_one_chunk_as_not_done(rpc):
+    write(rpc, "stream:open", b"only")
+    assert chunks(rpc, "stream:open", 0, 3) == {"chunks": [b"only"], "done": False, "tailIndex": 0}
 
 
 def test_it_answers_an_unknown_stream_as_empty_and_open(rpc):

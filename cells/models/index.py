@@ -33,6 +33,8 @@ def _is_postgres() -> bool:
 #: SQLite's default (BINARY, already bytewise) elsewhere.
 C_COLLATION = "C" if _is_postgres() else None
 
+_TABLE = '"cells_indexentry"'
+
 
 class IndexEntryManager(models.Manager):
     """Single-statement SQL for the hot index operations.
@@ -42,13 +44,10 @@ class IndexEntryManager(models.Manager):
     if there is one, else as one autocommit statement.
     """
 
-    def _table(self) -> str:
-        return connection.ops.quote_name(self.model._meta.db_table)
-
     def value_of(self, cell: str, key: str) -> str | None:
         """The stored text of ``key`` in ``cell``, or None when absent."""
         with connection.cursor() as cur:
-            cur.execute(f"SELECT value FROM {self._table()} WHERE cell = %s AND key = %s", [cell, key])
+            cur.execute(f"SELECT value FROM {_TABLE} WHERE cell = %s AND key = %s", [cell, key])
             row = cur.fetchone()
         return None if row is None else row[0]
 
@@ -63,7 +62,7 @@ class IndexEntryManager(models.Manager):
         lock = " FOR UPDATE" if for_update and connection.features.has_select_for_update else ""
         with connection.cursor() as cur:
             cur.execute(
-                f"SELECT key, value FROM {self._table()} WHERE cell = %s AND key IN ({marks}){lock}",
+                f"SELECT key, value FROM {_TABLE} WHERE cell = %s AND key IN ({marks}){lock}",
                 [cell, *keys],
             )
             return dict(cur.fetchall())
@@ -77,7 +76,7 @@ class IndexEntryManager(models.Manager):
             params += [cell, key, text]
         with connection.cursor() as cur:
             cur.execute(
-                f"INSERT INTO {self._table()} (cell, key, value) VALUES {rows} "
+                f"INSERT INTO {_TABLE} (cell, key, value) VALUES {rows} "
                 "ON CONFLICT (cell, key) DO UPDATE SET value = excluded.value",
                 params,
             )
@@ -89,7 +88,7 @@ class IndexEntryManager(models.Manager):
             return 0
         marks = ", ".join(["%s"] * len(keys))
         with connection.cursor() as cur:
-            cur.execute(f"DELETE FROM {self._table()} WHERE cell = %s AND key IN ({marks})", [cell, *keys])
+            cur.execute(f"DELETE FROM {_TABLE} WHERE cell = %s AND key IN ({marks})", [cell, *keys])
             return cur.rowcount
 
     def page_of_keys(
@@ -120,7 +119,7 @@ class IndexEntryManager(models.Manager):
         params.append(fetch)
         with connection.cursor() as cur:
             cur.execute(
-                f"SELECT key FROM {self._table()} WHERE {' AND '.join(where)} "
+                f"SELECT key FROM {_TABLE} WHERE {' AND '.join(where)} "
                 f"ORDER BY key {order} LIMIT %s",
                 params,
             )
@@ -145,6 +144,7 @@ class IndexEntry(models.Model):
     objects = IndexEntryManager()
 
     class Meta:
+        db_table = "cells_indexentry"
         verbose_name = "index entry"
         verbose_name_plural = "index entries"
         constraints = [

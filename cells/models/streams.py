@@ -21,8 +21,9 @@ IMMEDIATE transaction on SQLite.
 """
 from __future__ import annotations
 
+from contextlib import contextmanager
 from datetime import datetime
-from typing import Any
+from typing import Any, Iterator
 
 from django.db import connection, models, transaction
 
@@ -31,15 +32,55 @@ from .index import C_COLLATION
 __all__ = ["Stream", "StreamChunk", "StreamManager", "StreamRegistration", "StreamRegistrationManager"]
 
 
-def _q(name: str) -> str:
-    return connection.ops.quote_name(name)
+# Table and column names are fixed, so the SQL is plain text; double-quoted
+# identifiers are valid on both PostgreSQL and SQLite.
+_UPSERT_FOR_APPEND = (
+    'INSERT INTO "cells_stream" AS s (name, "count", closed, created_at, updated_at) '
+    "VALUES (%s, 1, %s, %s, %s) "
+    'ON CONFLICT (name) DO UPDATE SET "count" = s."count" + 1, updated_at = excluded.updated_at '
+    "WHERE NOT s.closed "
+    'RETURNING id, "count" - 1'
+)
+# PostgreSQL: allocation and chunk insert chained by a CTE — one statement,
+# one round trip, atomic on its own. No row comes back when the stream is closed.
+_APPEND_PG = (
+    f"WITH alloc (stream_id, idx) AS ({_UPSERT_FOR_APPEND}) "
+    'INSERT INTO "cells_streamchunk" (stream_id, "index", data, value) '
+    'SELECT stream_id, idx, %s::bytea, %s::text FROM alloc RETURNING "index"'
+)
+_INSERT_CHUNK = 'INSERT INTO "cells_streamchunk" (stream_id, "index", data, value) VALUES (%s, %s, %s, %s)'
+_CLOSE = (
+    'INSERT INTO "cells_stream" AS s (name, "count", closed, created_at, updated_at) '
+    "VALUES (%s, 0, %s, %s, %s) "
+    "ON CONFLICT (name) DO UPDATE SET closed = %s, updated_at = excluded.updated_at"
+)
+_META = 'SELECT id, "count", closed FROM "cells_stream" WHERE name = %s'
+_CHUNK_PAGE = (
+    'SELECT data, value FROM "cells_streamchunk" '
+    'WHERE stream_id = %s AND "index" >= %s AND "index" < %s ORDER BY "index"'
+)
+
+
+@contextmanager
+def _native_pg_cursor() -> Iterator[Any]:
+    """A psycopg cursor with server-side parameters on Django's own connection.
+
+    Chunk bytes then travel in binary both ways instead of as hex literals
+    (a 16 MiB chunk writes ~2x and reads ~3x faster). It shares Django's
+    connection, transaction and autocommit state; errors are translated to
+    ``django.db`` exceptions. Queries sent here do not appear in Django's
+    query log.
+    """
+    import psycopg
+
+    connection.close_if_health_check_failed()
+    connection.ensure_connection()
+    with connection.wrap_database_errors, psycopg.Cursor(connection.connection) as cur:
+        yield cur
 
 
 class StreamManager(models.Manager):
     """SQL of the chunk role; every method is one short statement or transaction."""
-
-    def _tables(self) -> tuple[str, str]:
-        return _q(Stream._meta.db_table), _q(StreamChunk._meta.db_table)
 
     def append_chunk(self, name: str, data: bytes | None, value: str | None, now: datetime) -> int | None:
         """Append one chunk to stream ``name`` (created if missing) and return its index.
@@ -50,58 +91,41 @@ class StreamManager(models.Manager):
         ``data`` (bytes) or ``value`` (codec text). Returns None, writing
         nothing, when the stream is closed.
         """
-        stream, chunk = self._tables()
+        if connection.vendor == "postgresql":
+            with _native_pg_cursor() as cur:
+                cur.execute(_APPEND_PG, [name, False, now, now, data, value])
+                row = cur.fetchone()
+            return None if row is None else row[0]
         stamp = connection.ops.adapt_datetimefield_value(now)
-        upsert = (
-            f"INSERT INTO {stream} AS s (name, {_q('count')}, closed, created_at, updated_at) "
-            "VALUES (%s, 1, %s, %s, %s) "
-            f"ON CONFLICT (name) DO UPDATE SET {_q('count')} = s.{_q('count')} + 1, "
-            "updated_at = excluded.updated_at WHERE NOT s.closed "
-            f"RETURNING id, {_q('count')} - 1"
-        )
-        params: list[Any] = [name, False, stamp, stamp]
-        with connection.cursor() as cur:
-            if connection.vendor == "postgresql":
-                # One round trip: allocation and chunk insert chained by a CTE.
-                cur.execute(
-                    f"WITH alloc (stream_id, idx) AS ({upsert}) "
-                    f"INSERT INTO {chunk} (stream_id, {_q('index')}, data, value) "
-                    f"SELECT stream_id, idx, %s, %s FROM alloc RETURNING {_q('index')}",
-                    params + [data, value],
-                )
-                row = cur.fetchone()
-                return None if row is None else row[0]
-            with transaction.atomic():
-                cur.execute(upsert, params)
-                row = cur.fetchone()
-                if row is None:
-                    return None
-                stream_id, index = row
-                cur.execute(
-                    f"INSERT INTO {chunk} (stream_id, {_q('index')}, data, value) VALUES (%s, %s, %s, %s)",
-                    [stream_id, index, data, value],
-                )
-                return index
+        with transaction.atomic(), connection.cursor() as cur:
+            cur.execute(_UPSERT_FOR_APPEND, [name, False, stamp, stamp])
+            row = cur.fetchone()
+            if row is None:
+                return None
+            stream_id, index = row
+            cur.execute(_INSERT_CHUNK, [stream_id, index, data, value])
+            return index
 
     def close(self, name: str, now: datetime) -> None:
         """Mark stream ``name`` closed, creating it (empty) if missing; idempotent (§8.2)."""
-        stream, _ = self._tables()
         stamp = connection.ops.adapt_datetimefield_value(now)
         with connection.cursor() as cur:
-            cur.execute(
-                f"INSERT INTO {stream} AS s (name, {_q('count')}, closed, created_at, updated_at) "
-                "VALUES (%s, 0, %s, %s, %s) "
-                "ON CONFLICT (name) DO UPDATE SET closed = %s, updated_at = excluded.updated_at",
-                [name, True, stamp, stamp, True],
-            )
+            cur.execute(_CLOSE, [name, True, stamp, stamp, True])
 
     def meta(self, name: str) -> tuple[int, int, bool] | None:
         """``(id, count, closed)`` of stream ``name``, or None when it was never written."""
-        stream, _ = self._tables()
         with connection.cursor() as cur:
-            cur.execute(f"SELECT id, {_q('count')}, closed FROM {stream} WHERE name = %s", [name])
+            cur.execute(_META, [name])
             row = cur.fetchone()
         return None if row is None else (row[0], row[1], bool(row[2]))
+
+    @staticmethod
+    def chunk_page_query(stream_id: int, start: int, end: int, limit: int | None) -> tuple[str, list[Any]]:
+        """The ``(sql, params)`` that ``chunk_page`` runs (exposed so its plan can be checked)."""
+        params: list[Any] = [stream_id, start, end]
+        if limit is None:
+            return _CHUNK_PAGE, params
+        return _CHUNK_PAGE + " LIMIT %s", params + [limit]
 
     def chunk_page(self, stream_id: int, start: int, end: int, limit: int | None) -> list[tuple[Any, str | None]]:
         """``(data, value)`` of chunks ``start <= index < end`` in index order, at most ``limit``.
@@ -110,17 +134,13 @@ class StreamManager(models.Manager):
         proportional to ``limit``, not to the stream length. ``limit`` None
         reads every chunk of the range. ``end`` is the count read with the
         stream row, so a page never runs past the ``tailIndex`` it reports.
+        ``data`` is bytes (or None for a non-bytes chunk).
         """
-        _, chunk = self._tables()
-        index = _q("index")
-        sql = (
-            f"SELECT data, value FROM {chunk} WHERE stream_id = %s AND {index} >= %s AND {index} < %s "
-            f"ORDER BY {index}"
-        )
-        params: list[Any] = [stream_id, start, end]
-        if limit is not None:
-            sql += " LIMIT %s"
-            params.append(limit)
+        sql, params = self.chunk_page_query(stream_id, start, end, limit)
+        if connection.vendor == "postgresql":
+            with _native_pg_cursor() as cur:
+                cur.execute(sql, params, binary=True)
+                return cur.fetchall()
         with connection.cursor() as cur:
             cur.execute(sql, params)
             return cur.fetchall()
@@ -131,19 +151,17 @@ class StreamRegistrationManager(models.Manager):
 
     def register(self, cell: str, name: str, now: datetime) -> None:
         """Record ``name`` in registry cell ``cell``; idempotent (one INSERT … ON CONFLICT DO NOTHING)."""
-        table = _q(StreamRegistration._meta.db_table)
         with connection.cursor() as cur:
             cur.execute(
-                f"INSERT INTO {table} (cell, name, created_at) VALUES (%s, %s, %s) "
+                'INSERT INTO "cells_streamregistration" (cell, name, created_at) VALUES (%s, %s, %s) '
                 "ON CONFLICT (cell, name) DO NOTHING",
                 [cell, name, connection.ops.adapt_datetimefield_value(now)],
             )
 
     def names(self, cell: str) -> list[str]:
         """Every name registered in ``cell``, ascending bytewise (index scan on ``(cell, name)``)."""
-        table = _q(StreamRegistration._meta.db_table)
         with connection.cursor() as cur:
-            cur.execute(f"SELECT name FROM {table} WHERE cell = %s ORDER BY name", [cell])
+            cur.execute('SELECT name FROM "cells_streamregistration" WHERE cell = %s ORDER BY name', [cell])
             return [row[0] for row in cur.fetchall()]
 
 
@@ -166,6 +184,7 @@ class Stream(models.Model):
     objects = StreamManager()
 
     class Meta:
+        db_table = "cells_stream"
         verbose_name = "stream"
         # A constraint rather than unique=True: no redundant text_pattern_ops
         # index on PostgreSQL (the C collation already serves prefix scans).
@@ -191,6 +210,7 @@ class StreamChunk(models.Model):
     value = models.TextField(null=True, blank=True, help_text="codec-encoded JSON of a non-bytes chunk")
 
     class Meta:
+        db_table = "cells_streamchunk"
         verbose_name = "stream chunk"
         constraints = [
             models.UniqueConstraint(fields=["stream", "index"], name="cells_streamchunk_stream_index_uniq"),
@@ -217,6 +237,7 @@ class StreamRegistration(models.Model):
     objects = StreamRegistrationManager()
 
     class Meta:
+        db_table = "cells_streamregistration"
         verbose_name = "stream registration"
         constraints = [
             models.UniqueConstraint(fields=["cell", "name"], name="cells_streamregistration_cell_name_uniq"),
