@@ -1,7 +1,8 @@
 """Delivering one claimed message: the HTTP POST and the response taxonomy (PROTOCOL.md §7.5–7.6).
 
 ``deliver_claim(claim)`` is the whole life of one delivery, shared by the
-Celery task and the in-process pump:
+Celery task and the in-process pump (both call it through
+``deliver_and_claim_next``, which then refills the freed in-flight slot):
 
 1. ``machine.start_delivery`` — compare-and-set "this claim's POST begins";
    a duplicated or stale delivery stops here;
@@ -24,6 +25,7 @@ import socket
 import threading
 import time
 from dataclasses import dataclass
+from typing import Callable
 
 import httpx
 
@@ -34,7 +36,16 @@ from .machine import Claim, DeliveryRow
 
 log = logging.getLogger("queueing.delivery")
 
-__all__ = ["DeliveryReport", "Outcome", "PERMANENT_STATUSES", "classify", "deliver_claim", "delivery_url", "post_message"]
+__all__ = [
+    "DeliveryReport",
+    "Outcome",
+    "PERMANENT_STATUSES",
+    "classify",
+    "deliver_and_claim_next",
+    "deliver_claim",
+    "delivery_url",
+    "post_message",
+]
 
 #: Statuses the application uses for "never retry this message" (§7.6).
 PERMANENT_STATUSES = frozenset({404, 409, 410, 422})
@@ -71,6 +82,7 @@ class DeliveryReport:
     outcome: Outcome
     result: str
     elapsed_ms: float
+    next_claims: tuple[Claim, ...] = ()
 
     def log_line(self) -> str:
         """``queue q:0 msg_1 attempt=1 -> 200 acked (12 ms)`` (one line)."""
@@ -225,12 +237,15 @@ def post_message(row: DeliveryRow, *, timeout_ms: int | None = None, callback_se
 # --------------------------------------------------------------------------- one delivery
 
 
-def deliver_claim(claim: Claim) -> DeliveryReport | None:
+def deliver_claim(claim: Claim, *, claim_next: bool | Callable[[], bool] = False) -> DeliveryReport | None:
     """Deliver one claimed message and apply the outcome; None if the claim was not ours to deliver.
 
-    Called by ``queueing.tasks.deliver_message`` and by ``LocalPump``'s
-    threads. Database errors while applying the outcome propagate (the claim
-    then stays in flight and is recovered after its deadline, §7.7).
+    With ``claim_next`` (or when ``claim_next()`` says so once the answer is
+    in) the outcome transaction also claims what the freed in-flight slot
+    allows and returns those claims in ``report.next_claims`` for the caller
+    to deliver; otherwise the cell's driver is woken on commit.
+    Database errors while applying the outcome propagate (the claim then
+    stays in flight and is recovered after its deadline, §7.7).
     """
     row = machine.start_delivery(claim)
     if row is None:
@@ -239,6 +254,7 @@ def deliver_claim(claim: Claim) -> DeliveryReport | None:
     started = time.monotonic()
     outcome = post_message(row)
     elapsed_ms = (time.monotonic() - started) * 1000
+    want_next = claim_next() if callable(claim_next) else claim_next
     result = machine.apply_outcome(
         claim,
         row,
@@ -246,11 +262,29 @@ def deliver_claim(claim: Claim) -> DeliveryReport | None:
         status=outcome.status,
         reason=outcome.reason,
         timeout_seconds=outcome.timeout_seconds,
-        now=clock.now_ms(),
+        claim_next=want_next,
     )
+    next_claims: list[Claim] = []
+    if want_next:
+        result, next_claims = result
     if result == "stale":
         log.warning(
             "queue cell %s: outcome of %s (%s) arrived after its claim was recovered; ignored",
             claim.cell_name, claim.message_id, outcome.status or outcome.reason,
         )
-    return DeliveryReport(claim, row.attempt + 1, outcome, result, elapsed_ms)
+    return DeliveryReport(claim, row.attempt + 1, outcome, result, elapsed_ms, tuple(next_claims))
+
+
+def deliver_and_claim_next(
+    claim: Claim, should_claim: Callable[[], bool] | None = None
+) -> tuple[DeliveryReport | None, list[Claim]]:
+    """Deliver ``claim``; its outcome transaction also refills the freed in-flight slot (§7.4, §12 A14).
+
+    The worker that freed a slot claims the next due message itself instead
+    of sending a wake-up through the broker, so a busy cell keeps its slots
+    full without a round trip. ``should_claim()`` (checked once the answer is
+    in) returning False skips that — a stopping pump claims nothing new.
+    Returns the report and the new claims (committed) for the caller to deliver.
+    """
+    report = deliver_claim(claim, claim_next=should_claim if should_claim is not None else True)
+    return report, list(report.next_claims) if report is not None else []

@@ -26,8 +26,9 @@ Rules every function here follows:
   happen only once the transition is durable (DESIGN.md rules 3 and 6).
 
 The one statement that runs without the cell lock is ``start_delivery``: a
-single-row compare-and-set that marks "the POST of this claim has begun" so
-a duplicated delivery task cannot POST the same claim twice.
+single-row compare-and-set (``UPDATE … RETURNING``) that marks "the POST of
+this claim has begun" so a duplicated delivery task cannot POST the same
+claim twice.
 """
 from __future__ import annotations
 
@@ -37,8 +38,8 @@ import uuid
 from dataclasses import dataclass
 from typing import Any, Callable, Iterable
 
-from django.db import IntegrityError, transaction
-from django.db.models import Count, F, OuterRef, Q, Subquery, Value
+from django.db import IntegrityError, connection, transaction
+from django.db.models import Count, F, Min, OuterRef, Q, Subquery, Value
 from django.db.models.functions import Coalesce
 
 from worldcell import clock, codec
@@ -242,18 +243,27 @@ def schedule_next_alarm(cell: QueueCell, now: int) -> int | None:
         .values_list("d", "f")
         .get()
     )
-    candidates = [t for t in (due, deadline) if t is not None]
-    if not candidates:
-        _set_alarm(cell, None)
-    else:
-        nxt = min(candidates)
-        _set_alarm(cell, now + config.MIN_ALARM_DELAY_MS if nxt <= now else nxt)
+    _set_alarm(cell, _next_alarm(due, deadline, now))
     return cell.alarm_at
 
 
+def _next_alarm(first_due: int | None, first_deadline: int | None, now: int) -> int | None:
+    """The alarm ``scheduleNextAlarm`` sets: earliest of the two, ``now + 1`` if overdue, None if neither."""
+    candidates = [t for t in (first_due, first_deadline) if t is not None]
+    if not candidates:
+        return None
+    nxt = min(candidates)
+    return now + config.MIN_ALARM_DELAY_MS if nxt <= now else nxt
+
+
 def _wake_after_commit(cell: QueueCell, now: int) -> None:
-    name, alarm_at = cell.name, cell.alarm_at
-    transaction.on_commit(lambda: wake.after_transition(name, alarm_at, now), robust=True)
+    """Register the driver wake-up for when this transaction commits (DESIGN.md rule 6).
+
+    Every transaction that locks a cell registers it, whatever its outcome,
+    with the alarm as it stands at commit: a wake-up that found the cell
+    locked (and skipped it) relies on the lock holder to wake the cell again.
+    """
+    transaction.on_commit(lambda: wake.after_transition(cell.name, cell.alarm_at, now), robust=True)
 
 
 # --------------------------------------------------------------------------- enqueue (§7.3)
@@ -308,10 +318,11 @@ def enqueue(cell_name: str, request: EnqueueRequest, now: int | None = None) -> 
     reset; an in-flight claim of it is voided — upstream's quirk of possible
     double delivery). Returns ``{"ok":True,"messageId":…,"deduped":bool}``.
     """
-    now = clock.now_ms() if now is None else now
     key = request.idempotency_key or None
     with transaction.atomic():
         cell = _lock_cell(cell_name, create=True)
+        now = clock.now_ms() if now is None else now
+        _wake_after_commit(cell, now)
         if cell.queue_shards is None:
             QueueCell.objects.filter(pk=cell.pk).update(queue_shards=request.queue_shards, pinned_at=now)
             cell.queue_shards, cell.pinned_at = request.queue_shards, now
@@ -321,7 +332,6 @@ def enqueue(cell_name: str, request: EnqueueRequest, now: int | None = None) -> 
         holder, same = _holder_and_same(cell, request.message_id, key)
         if holder is not None:
             schedule_next_alarm(cell, now)
-            _wake_after_commit(cell, now)
             return {"ok": True, "messageId": holder[1], "deduped": True}
 
         delay = request.delay_seconds or 0
@@ -341,11 +351,25 @@ def enqueue(cell_name: str, request: EnqueueRequest, now: int | None = None) -> 
         else:
             Message.objects.create(cell=cell, message_id=request.message_id, **fields)
         arm_alarm_at_most(cell, due_at, now)
-        _wake_after_commit(cell, now)
     return {"ok": True, "messageId": request.message_id, "deduped": False}
 
 
 # --------------------------------------------------------------------------- alarm handler (§7.4)
+
+
+def _inflight_state(cell: QueueCell) -> tuple[int, int | None]:
+    """``(claims in flight, earliest deadline)`` of a locked cell (one query)."""
+    agg = Message.objects.filter(cell=cell, inflight_deadline__isnull=False).aggregate(
+        n=Count("pk"), first=Min("inflight_deadline")
+    )
+    return agg["n"], agg["first"]
+
+
+def _recover_lost_claims(cell: QueueCell, now: int) -> int:
+    """Claims whose deadline is ``≤ now`` are lost: their messages become due at ``now`` (§7.4 step 1)."""
+    return Message.objects.filter(cell=cell, inflight_deadline__lte=now).update(
+        due_at=now, inflight_deadline=None, claim_token=None, delivery_started_at=None, updated_at=now
+    )
 
 
 def claim_due_messages(cell: QueueCell, now: int) -> tuple[list[Claim], int]:
@@ -356,30 +380,56 @@ def claim_due_messages(cell: QueueCell, now: int) -> tuple[list[Claim], int]:
        messages (``due_at ≤ now``, by due time then message id) are claimed up
        to the free slots: deadline ``now + QUEUE_DELIVERY_TIMEOUT_MS + 30 000``,
        a fresh claim token;
-    3. ``scheduleNextAlarm(now)``.
+    3. ``scheduleNextAlarm(now)`` — computed from what steps 1–2 read: the
+       schedule query fetches one row beyond the free slots, which is the
+       earliest message left unclaimed.
 
-    Must run inside the transaction that locked ``cell``. Returns
-    ``(claims, recovered_count)``.
+    Must run inside the transaction that locked ``cell``; typically 3–4
+    statements. Returns ``(claims, recovered_count)``.
     """
-    msgs = Message.objects.filter(cell=cell)
-    recovered = msgs.filter(inflight_deadline__lte=now).update(
-        due_at=now, inflight_deadline=None, claim_token=None, delivery_started_at=None, updated_at=now
+    inflight, first_deadline = _inflight_state(cell)
+    recovered = 0
+    if first_deadline is not None and first_deadline <= now:
+        recovered = _recover_lost_claims(cell, now)
+        inflight, first_deadline = _inflight_state(cell)
+    free = max(0, config.max_inflight() - inflight)
+    rows = list(
+        Message.objects.filter(cell=cell, due_at__isnull=False)
+        .order_by("due_at", "message_id")
+        .values_list("pk", "message_id", "due_at")[: free + 1]
     )
+    take = [r for r in rows[:free] if r[2] <= now]
     claims: list[Claim] = []
-    free = config.max_inflight() - msgs.filter(inflight_deadline__isnull=False).count()
-    if free > 0:
-        due = list(
-            msgs.filter(due_at__lte=now).order_by("due_at", "message_id").values_list("pk", "message_id")[:free]
+    if take:
+        token = uuid.uuid4().hex
+        deadline = clamp_ms(now + config.delivery_timeout_ms() + config.INFLIGHT_GRACE_MS)
+        Message.objects.filter(pk__in=[pk for pk, _, _ in take]).update(
+            due_at=None, inflight_deadline=deadline, claim_token=token, delivery_started_at=None, updated_at=now
         )
-        if due:
-            token = uuid.uuid4().hex
-            deadline = clamp_ms(now + config.delivery_timeout_ms() + config.INFLIGHT_GRACE_MS)
-            msgs.filter(pk__in=[pk for pk, _ in due]).update(
-                due_at=None, inflight_deadline=deadline, claim_token=token, delivery_started_at=None, updated_at=now
-            )
-            claims = [Claim(cell.name, cell.pk, pk, mid, token) for pk, mid in due]
-    schedule_next_alarm(cell, now)
+        claims = [Claim(cell.name, cell.pk, pk, mid, token) for pk, mid, _ in take]
+        first_deadline = deadline if first_deadline is None else min(first_deadline, deadline)
+    next_due = rows[len(take)][2] if len(rows) > len(take) else None
+    _set_alarm(cell, _next_alarm(next_due, first_deadline, now))
     return claims, recovered
+
+
+def _cell_state(cell_name: str) -> tuple[int | None, int | None, int | None, int] | None:
+    """One unlocked read: ``(alarm_at, first due_at, first deadline, claims in flight)``, or None."""
+    msgs = Message.objects.filter(cell_id=OuterRef("pk"))
+    return (
+        QueueCell.objects.filter(name=cell_name)
+        .annotate(
+            first_due=Subquery(msgs.filter(due_at__isnull=False).order_by("due_at").values("due_at")[:1]),
+            first_deadline=Subquery(
+                msgs.filter(inflight_deadline__isnull=False)
+                .order_by("inflight_deadline")
+                .values("inflight_deadline")[:1]
+            ),
+            inflight=_count(msgs.filter(inflight_deadline__isnull=False)),
+        )
+        .values_list("alarm_at", "first_due", "first_deadline", "inflight")
+        .first()
+    )
 
 
 def fire_cell_alarm(
@@ -394,19 +444,42 @@ def fire_cell_alarm(
 
     The alarm is due when ``alarm_at ≤ now + early_ms``. Wake-ups pass
     ``early_ms=1``: overdue alarms are re-armed at ``now + 1`` only so that
-    celld sees a fresh edge (§7.8); a wake treats that edge as due. A cheap
-    unlocked read skips cells with nothing due; then one transaction locks
-    the cell (``skip_locked``: give up if another transaction holds it, as the
-    beat does), re-checks the alarm and claims. ``dispatch(claims)`` runs on
-    commit. Returns the claims (empty when nothing was due or claimable).
+    celld sees a fresh edge (§7.8); a wake treats that edge as due.
+
+    Steps: (1) one unlocked read skips cells whose alarm is not due (keeping
+    a countdown wake-up coming for a near alarm) and cells whose in-flight
+    slots are all busy with unexpired claims; (2) one transaction locks the cell — with
+    ``skip_locked`` it gives up when another transaction holds the lock (every
+    lock holder wakes the cell again on commit) — reads ``now`` (unless given),
+    re-checks the alarm and runs ``claim_due_messages``; (3) on commit,
+    ``dispatch(claims)`` and a countdown wake-up for the next alarm.
+    Returns the claims (empty when nothing was due or claimable).
     """
+    fixed_now = now
     now = clock.now_ms() if now is None else now
-    alarm_at = QueueCell.objects.filter(name=cell_name).values_list("alarm_at", flat=True).first()
+    state = _cell_state(cell_name)
+    if state is None:
+        return []
+    alarm_at, first_due, first_deadline, inflight = state
     if alarm_at is None or alarm_at > now + early_ms:
+        wake.after_fire(cell_name, alarm_at, now)  # woken early: keep the next wake-up coming
+        return []
+    if (
+        first_due is not None
+        and first_due <= now
+        and inflight >= config.max_inflight()
+        and (first_deadline is None or first_deadline > now)
+    ):
+        # every in-flight slot is busy (upstream polls each millisecond here,
+        # §7.4); the outcome that frees a slot refills it (§12 A14)
         return []
     with transaction.atomic():
         cell = _lock_cell(cell_name, skip_locked=skip_locked)
-        if cell is None or cell.alarm_at is None or cell.alarm_at > now + early_ms:
+        if cell is None:
+            return []
+        now = clock.now_ms() if fixed_now is None else fixed_now
+        if cell.alarm_at is None or cell.alarm_at > now + early_ms:
+            _wake_after_commit(cell, now)
             return []
         claims, recovered = claim_due_messages(cell, now)
         if recovered:
@@ -446,80 +519,129 @@ def fire_due_alarms(now: int | None = None, *, dispatch: Dispatch | None = None,
 # --------------------------------------------------------------------------- delivery outcomes (§7.6, §7.7)
 
 
+_DELIVERY_COLUMNS = (
+    "message_id", "queue_name", "pathname", "body", "target_base_url", "idempotency_key",
+    "attempt", "enqueued_at", "deliveries",
+)
+
+
 def start_delivery(claim: Claim, now: int | None = None) -> DeliveryRow | None:
     """Mark the POST of ``claim`` as begun and return the message to POST, or None.
 
-    A single compare-and-set statement: it succeeds only while the message
-    still carries this claim token, the POST of this claim has not begun yet
-    and the claim's deadline has not passed. None means "skip": a duplicated
-    or late delivery task, or a claim that was already recovered. Records
-    ``last_attempt_at`` and counts the POST in ``deliveries``.
+    A single compare-and-set statement (``UPDATE … RETURNING``): it succeeds
+    only while the message still carries this claim token, the POST of this
+    claim has not begun yet and the claim's deadline has not passed. None
+    means "skip": a duplicated or late delivery task, or a claim that was
+    already recovered. Records ``last_attempt_at`` and counts the POST in
+    ``deliveries``.
     """
     now = clock.now_ms() if now is None else now
-    started = Message.objects.filter(
-        pk=claim.message_pk, claim_token=claim.token, delivery_started_at__isnull=True, inflight_deadline__gt=now
-    ).update(delivery_started_at=now, last_attempt_at=now, deliveries=F("deliveries") + 1, updated_at=now)
-    if not started:
-        return None
-    row = (
-        Message.objects.filter(pk=claim.message_pk, claim_token=claim.token)
-        .values_list(
-            "message_id", "queue_name", "pathname", "body", "target_base_url", "idempotency_key",
-            "attempt", "enqueued_at", "deliveries",
-        )
-        .first()
+    qn = connection.ops.quote_name
+    sql = (
+        f"UPDATE {qn(Message._meta.db_table)} SET {qn('delivery_started_at')} = %s, "
+        f"{qn('last_attempt_at')} = %s, {qn('deliveries')} = {qn('deliveries')} + 1, {qn('updated_at')} = %s "
+        f"WHERE {qn('id')} = %s AND {qn('claim_token')} = %s AND {qn('delivery_started_at')} IS NULL "
+        f"AND {qn('inflight_deadline')} > %s "
+        f"RETURNING {', '.join(qn(c) for c in _DELIVERY_COLUMNS)}"
     )
+    with connection.cursor() as cursor:
+        cursor.execute(sql, [now, now, now, claim.message_pk, claim.token, now])
+        row = cursor.fetchone()
     if row is None:
         return None
     mid, qname, pathname, body, base, key, attempt, enqueued_at, deliveries = row
     return DeliveryRow(mid, qname, pathname, codec.decode(body), base, key, attempt, enqueued_at, deliveries)
 
 
-def _outcome_transaction(claim: Claim, now: int, apply: Callable[[QueueCell], bool]) -> bool:
-    """Lock the claim's cell, run ``apply(cell)`` (False = stale claim), then ``scheduleNextAlarm``."""
-    with transaction.atomic():
-        cell = QueueCell.objects.select_for_update().filter(pk=claim.cell_id).first()
-        if cell is None or not apply(cell):
-            return False
-        schedule_next_alarm(cell, now)
-        _wake_after_commit(cell, now)
-    return True
-
-
 def _claimed(claim: Claim):
     return Message.objects.filter(pk=claim.message_pk, claim_token=claim.token)
 
 
-def ack_message(claim: Claim, now: int | None = None) -> bool:
-    """Ack (2xx): delete the message, which ends its claim and releases its key (§7.7).
+Apply = Callable[[QueueCell, int], bool]
 
-    Returns False (and changes nothing) when the claim is stale.
+
+def _outcome_transaction(claim: Claim, now: int | None, apply: Apply, claim_next: bool) -> tuple[bool, list[Claim]]:
+    """One outcome transition: lock the claim's cell, read ``now`` (unless given), run
+    ``apply(cell, now)`` (False = stale claim: nothing written), then either
+    ``scheduleNextAlarm(now)`` or — with ``claim_next`` — the claim phase
+    (§7.4) right away, so the freed in-flight slot is refilled in the same
+    transaction (§12 A14). Returns ``(applied, new_claims)``.
     """
-    now = clock.now_ms() if now is None else now
-    return _outcome_transaction(claim, now, lambda cell: _claimed(claim).delete()[0] > 0)
+    claims: list[Claim] = []
+    with transaction.atomic():
+        cell = QueueCell.objects.select_for_update().filter(pk=claim.cell_id).first()
+        if cell is None:
+            return False, []
+        now = clock.now_ms() if now is None else now
+        if not apply(cell, now):
+            _wake_after_commit(cell, now)
+            return False, []
+        if claim_next:
+            claims, recovered = claim_due_messages(cell, now)
+            if recovered:
+                log.warning("queue cell %s: recovered %d lost claim(s) past their deadline", cell.name, recovered)
+            transaction.on_commit(lambda: wake.after_fire(cell.name, cell.alarm_at, now), robust=True)
+        else:
+            schedule_next_alarm(cell, now)
+            _wake_after_commit(cell, now)
+    return True, claims
+
+
+def _ack(claim: Claim) -> Apply:
+    """Ack / drop: delete the message, which ends its claim and releases its key (§7.7)."""
+    return lambda cell, now: _claimed(claim).delete()[0] > 0
+
+
+def _redeliver(claim: Claim, timeout_seconds: float, status: int) -> Apply:
+    """503 ``{"timeoutSeconds": n}``: due again at ``now + n × 1000``; attempt, last error and key kept."""
+    return lambda cell, now: _claimed(claim).update(
+        due_at=clamp_ms(now + timeout_seconds * 1000), inflight_deadline=None, claim_token=None,
+        delivery_started_at=None, last_status=status, updated_at=now,
+    ) > 0
+
+
+def _retry(claim: Claim, row: DeliveryRow, reason: str, status: int | None) -> tuple[Apply, str]:
+    """A counted failure: ``attempt + 1``; a dead letter at ``QUEUE_MAX_ATTEMPTS``, else due after the backoff."""
+    attempt = row.attempt + 1
+    if attempt < config.max_attempts():
+        return (
+            lambda cell, now: _claimed(claim).update(
+                attempt=attempt, last_error=reason, last_status=status,
+                due_at=clamp_ms(now + backoff_seconds(attempt) * 1000), inflight_deadline=None,
+                claim_token=None, delivery_started_at=None, updated_at=now,
+            ) > 0,
+            "retry scheduled",
+        )
+
+    def dead_letter(cell: QueueCell, now: int) -> bool:
+        if _claimed(claim).delete()[0] == 0:
+            return False
+        key = dlq_key(now, row.message_id)
+        DeadLetter.objects.filter(cell=cell, dlq_key=key).delete()  # the same key overwrites, as upstream
+        DeadLetter.objects.create(
+            cell=cell, dlq_key=key, message_id=row.message_id, queue_name=row.queue_name,
+            pathname=row.pathname, body=codec.encode(row.body), target_base_url=row.target_base_url,
+            idempotency_key=row.idempotency_key, attempt=attempt, enqueued_at=row.enqueued_at,
+            last_error=reason, last_status=status, deliveries=row.deliveries, failed_at=now,
+        )
+        return True
+
+    return dead_letter, "dead-lettered"
+
+
+def ack_message(claim: Claim, now: int | None = None) -> bool:
+    """Ack (2xx): delete the message; False (nothing changed) when the claim is stale (§7.7)."""
+    return _outcome_transaction(claim, now, _ack(claim), False)[0]
 
 
 def drop_message(claim: Claim, now: int | None = None) -> bool:
-    """Permanent failure (404/409/410/422): the same transaction as an ack, no dead letter (§7.6)."""
+    """Permanent failure (404/409/410/422): the same transition as an ack, no dead letter (§7.6)."""
     return ack_message(claim, now)
 
 
 def redeliver_later(claim: Claim, timeout_seconds: float, now: int | None = None, status: int = 503) -> bool:
-    """503 ``{"timeoutSeconds": n}``: due again at ``now + n × 1000`` ms, not counted (§7.6).
-
-    ``attempt`` and ``last_error`` stay, the idempotency key stays held.
-    ``n`` may be 0 or negative (due now). Returns False for a stale claim.
-    """
-    now = clock.now_ms() if now is None else now
-    due_at = clamp_ms(now + timeout_seconds * 1000)
-    return _outcome_transaction(
-        claim,
-        now,
-        lambda cell: _claimed(claim).update(
-            due_at=due_at, inflight_deadline=None, claim_token=None, delivery_started_at=None,
-            last_status=status, updated_at=now,
-        ) > 0,
-    )
+    """503 ``{"timeoutSeconds": n}``: due at ``now + n × 1000`` ms, not counted (§7.6); n may be 0 or negative."""
+    return _outcome_transaction(claim, now, _redeliver(claim, timeout_seconds, status), False)[0]
 
 
 def retry_message(
@@ -533,35 +655,8 @@ def retry_message(
     ``last_error = reason`` and is due after the backoff.
     Returns ``"dead-lettered"``, ``"retry scheduled"`` or ``"stale"``.
     """
-    now = clock.now_ms() if now is None else now
-    attempt = row.attempt + 1
-    if attempt >= config.max_attempts():
-
-        def dead_letter(cell: QueueCell) -> bool:
-            if _claimed(claim).delete()[0] == 0:
-                return False
-            key = dlq_key(now, row.message_id)
-            DeadLetter.objects.filter(cell=cell, dlq_key=key).delete()  # same key overwrites, as upstream
-            DeadLetter.objects.create(
-                cell=cell, dlq_key=key, message_id=row.message_id, queue_name=row.queue_name,
-                pathname=row.pathname, body=codec.encode(row.body), target_base_url=row.target_base_url,
-                idempotency_key=row.idempotency_key, attempt=attempt, enqueued_at=row.enqueued_at,
-                last_error=reason, last_status=status, deliveries=row.deliveries, failed_at=now,
-            )
-            return True
-
-        return "dead-lettered" if _outcome_transaction(claim, now, dead_letter) else "stale"
-
-    due_at = clamp_ms(now + backoff_seconds(attempt) * 1000)
-    applied = _outcome_transaction(
-        claim,
-        now,
-        lambda cell: _claimed(claim).update(
-            attempt=attempt, last_error=reason, last_status=status, due_at=due_at, inflight_deadline=None,
-            claim_token=None, delivery_started_at=None, updated_at=now,
-        ) > 0,
-    )
-    return "retry scheduled" if applied else "stale"
+    apply, label = _retry(claim, row, reason, status)
+    return label if _outcome_transaction(claim, now, apply, False)[0] else "stale"
 
 
 def apply_outcome(
@@ -573,26 +668,32 @@ def apply_outcome(
     reason: str | None = None,
     timeout_seconds: float | None = None,
     now: int | None = None,
-) -> str:
+    claim_next: bool = False,
+) -> str | tuple[str, list[Claim]]:
     """Apply one classified delivery result (PROTOCOL.md §7.6) to the claimed message.
 
     ``kind`` is ``"ack"``, ``"drop"``, ``"redeliver"`` (needs ``timeout_seconds``)
     or ``"retry"`` (needs ``reason``). Returns what happened: ``"acked"``,
     ``"dropped"``, ``"redelivery scheduled"``, ``"retry scheduled"``,
     ``"dead-lettered"`` or ``"stale"`` (the claim was no longer current;
-    nothing changed). Raises on database errors: the transaction rolled back
-    and the claim stays in flight until its deadline (§7.7).
+    nothing changed). With ``claim_next`` the same transaction also runs the
+    claim phase and the result is ``(what happened, new claims)``; otherwise
+    the cell's driver is woken on commit when work is due.
+    Raises on database errors: the transaction rolled back and the claim
+    stays in flight until its deadline (§7.7). ``now`` defaults to the clock
+    read once the cell is locked.
     """
-    now = clock.now_ms() if now is None else now
-    if kind == "ack":
-        return "acked" if ack_message(claim, now) else "stale"
-    if kind == "drop":
-        return "dropped" if drop_message(claim, now) else "stale"
-    if kind == "redeliver":
-        return "redelivery scheduled" if redeliver_later(claim, timeout_seconds, now, status or 503) else "stale"
-    if kind == "retry":
-        return retry_message(claim, row, reason or "unknown error", now, status)
-    raise ValueError(f"unknown delivery outcome {kind!r}")
+    if kind in ("ack", "drop"):
+        apply, label = _ack(claim), "acked" if kind == "ack" else "dropped"
+    elif kind == "redeliver":
+        apply, label = _redeliver(claim, timeout_seconds, status or 503), "redelivery scheduled"
+    elif kind == "retry":
+        apply, label = _retry(claim, row, reason or "unknown error", status)
+    else:
+        raise ValueError(f"unknown delivery outcome {kind!r}")
+    applied, claims = _outcome_transaction(claim, now, apply, claim_next)
+    result = label if applied else "stale"
+    return (result, claims) if claim_next else result
 
 
 # --------------------------------------------------------------------------- admin methods (§7.9)
@@ -671,11 +772,12 @@ def redrive_dead_letter(cell_name: str, message_id: str, now: int | None = None)
     ``{"ok": False}`` (changing nothing) when another live message holds its
     idempotency key, or when there is no such dead letter.
     """
-    now = clock.now_ms() if now is None else now
     with transaction.atomic():
         cell = _lock_cell(cell_name)
         if cell is None:
             return {"ok": False}
+        now = clock.now_ms() if now is None else now
+        _wake_after_commit(cell, now)
         dead = DeadLetter.objects.filter(cell=cell, message_id=message_id).order_by("dlq_key").first()
         if dead is None:
             return {"ok": False}
@@ -699,7 +801,6 @@ def redrive_dead_letter(cell_name: str, message_id: str, now: int | None = None)
             Message.objects.create(cell=cell, message_id=message_id, **fields)
         DeadLetter.objects.filter(pk=dead.pk).delete()
         arm_alarm_at_most(cell, now, now)
-        _wake_after_commit(cell, now)
     return {"ok": True}
 
 
@@ -709,6 +810,7 @@ def purge_dead_letters(cell_name: str) -> dict[str, int]:
         cell = _lock_cell(cell_name)
         if cell is None:
             return {"purged": 0}
+        _wake_after_commit(cell, clock.now_ms())
         purged, _ = DeadLetter.objects.filter(cell=cell).delete()
     return {"purged": purged}
 
@@ -719,13 +821,13 @@ def rearm_alarm(cell_name: str, now: int | None = None) -> dict[str, int | None]
     The operator's recovery hatch; the cell's driver is woken on commit when
     the alarm is due. A cell that was never written answers ``None``.
     """
-    now = clock.now_ms() if now is None else now
     with transaction.atomic():
         cell = _lock_cell(cell_name)
         if cell is None:
             return {"alarmAt": None}
-        schedule_next_alarm(cell, now)
+        now = clock.now_ms() if now is None else now
         _wake_after_commit(cell, now)
+        schedule_next_alarm(cell, now)
     return {"alarmAt": cell.alarm_at}
 
 
@@ -737,11 +839,11 @@ def rearm_cell(cell_name: str, now: int | None = None, *, dry_run: bool = False)
     commit. ``dry_run`` computes the same report and rolls back. Returns
     None for an unknown cell.
     """
-    now = clock.now_ms() if now is None else now
     with transaction.atomic():
         cell = _lock_cell(cell_name)
         if cell is None:
             return None
+        now = clock.now_ms() if now is None else now
         before = cell.alarm_at
         recovered = Message.objects.filter(cell=cell, inflight_deadline__lte=now).update(
             due_at=now, inflight_deadline=None, claim_token=None, delivery_started_at=None, updated_at=now

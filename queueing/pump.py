@@ -2,8 +2,8 @@
 
 Used by ``manage.py devfleet`` and by tests without Celery. It calls exactly
 what the Celery tasks call — ``machine.fire_due_alarms``,
-``machine.fire_cell_alarm`` and ``delivery.deliver_claim`` — so both drivers
-share one state machine.
+``machine.fire_cell_alarm`` and ``delivery.deliver_and_claim_next`` — so both
+drivers share one state machine.
 
 Interface::
 
@@ -17,8 +17,9 @@ The tick loop, every ``interval_s`` or as soon as it is woken:
 1. fires the alarm of every woken cell (a fresh ``now + 1`` alarm counts as due);
 2. fires every cell whose alarm is due (``machine.fire_due_alarms``);
 3. hands each claim to the delivery threads (at most ``max_workers`` POSTs at
-   once); each thread runs ``delivery.deliver_claim`` and optionally logs one
-   line per delivery.
+   once); each thread runs ``delivery.deliver_and_claim_next`` (the POST, the
+   outcome, then a claim for the freed slot, queued right away) and
+   optionally logs one line per delivery.
 
 Ticks never overlap (one loop thread). Errors are logged with the cell name
 and the loop goes on.
@@ -157,7 +158,7 @@ class LocalPump:
         count = 0
         for name in sorted(woken):
             try:
-                count += len(machine.fire_cell_alarm(name, early_ms=1, dispatch=self._submit))
+                count += len(machine.fire_cell_alarm(name, early_ms=1, skip_locked=True, dispatch=self._submit))
             except Exception:  # noqa: BLE001 - logged with the cell name; the next tick retries
                 log.exception("queue cell %s: alarm handler failed", name)
         count += len(machine.fire_due_alarms(dispatch=self._submit))
@@ -192,7 +193,10 @@ class LocalPump:
                     break
                 try:
                     close_old_connections()
-                    report = delivery.deliver_claim(claim)
+                    report, more = delivery.deliver_and_claim_next(
+                        claim, should_claim=lambda: not self._stopping.is_set()
+                    )
+                    self._submit(more)
                     if report is not None and self.log_deliveries:
                         log.info("%s", report.log_line())
                 except Exception:  # noqa: BLE001 - the claim is recovered after its deadline

@@ -3,14 +3,13 @@
 ``QueueCell(name)`` is what the RPC router builds for ``/v1/rpc/queue/<name>/…``;
 its methods are the six wire methods. They validate the arguments
 (bad input is HTTP 400 ``ValidationError``, worldcell's policy) and call
-``queueing.machine``; each call reads ``now`` once.
+``queueing.machine``, which reads ``now`` once per call, after locking the cell.
 """
 from __future__ import annotations
 
 import math
 from typing import Any
 
-from worldcell import clock
 from worldcell.errors import ValidationError
 
 from . import machine
@@ -104,7 +103,7 @@ class QueueCell:
 
     def enqueue(self, request: Any = None) -> dict[str, Any]:
         """``enqueue([request])`` -> ``{"ok":true,"messageId","deduped"}`` or CONFIG_MISMATCH (§4.4, §7.3)."""
-        return machine.enqueue(self.name, parse_enqueue_request(request), clock.now_ms())
+        return machine.enqueue(self.name, parse_enqueue_request(request))
 
     def stats(self) -> dict[str, Any]:
         """``stats([])`` -> ``{"pending","inflight","deadLetters","alarmAt"}`` (§7.9)."""
@@ -133,7 +132,7 @@ class QueueCell:
             message_id.encode("utf-8")
         except UnicodeEncodeError:
             return {"ok": False}
-        return machine.redrive_dead_letter(self.name, message_id, clock.now_ms())
+        return machine.redrive_dead_letter(self.name, message_id)
 
     def purge_dead_letters(self) -> dict[str, int]:
         """``purgeDeadLetters([])`` -> ``{"purged": n}`` (§7.9)."""
@@ -141,4 +140,4 @@ class QueueCell:
 
     def rearm_alarm(self) -> dict[str, int | None]:
         """``rearmAlarm([])`` -> ``{"alarmAt": ms|null}`` (§7.9)."""
-        return machine.rearm_alarm(self.name, clock.now_ms())
+        return machine.rearm_alarm(self.name)

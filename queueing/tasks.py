@@ -9,7 +9,8 @@ duplicated one fails the claim-token compare-and-set and does nothing.
   due (``SKIP LOCKED`` on the cell rows; two beats do no harm).
 * ``wake_cell(name)`` — sent on commit after an enqueue, a redrive, a freed
   in-flight slot, or as a short ``countdown`` for work due within a minute.
-* ``deliver_message(...)`` — POST one claimed message and apply the outcome.
+* ``deliver_message(...)`` — POST one claimed message, apply the outcome, and
+  refill the freed in-flight slot itself (no broker round trip on a busy cell).
 
 Run the worker with a threads pool sized for ``shards × QUEUE_MAX_INFLIGHT``
 plus a few threads for the wake-ups, e.g.
@@ -23,7 +24,7 @@ import logging
 from celery import shared_task
 from django.db import close_old_connections
 
-from . import delivery, machine
+from . import delivery, machine, wake
 from .machine import Claim
 
 log = logging.getLogger("queueing.tasks")
@@ -59,9 +60,10 @@ def fire_due_alarms() -> int:
 @shared_task(name="queueing.tasks.wake_cell", ignore_result=True)
 def wake_cell(cell_name: str) -> int:
     """Run cell ``cell_name``'s alarm handler if its alarm is due; returns the number of claims."""
+    wake.forget_scheduled(cell_name)
     close_old_connections()
     try:
-        return len(machine.fire_cell_alarm(cell_name, early_ms=1, dispatch=send_deliveries))
+        return len(machine.fire_cell_alarm(cell_name, early_ms=1, skip_locked=True, dispatch=send_deliveries))
     except Exception:  # noqa: BLE001 - logged with the cell name; beat fires it again
         log.exception("queue cell %s: wake-up failed; the next beat tick fires it again", cell_name)
         return 0
@@ -69,18 +71,35 @@ def wake_cell(cell_name: str) -> int:
         close_old_connections()
 
 
+#: Deliveries one ``deliver_message`` task makes in a row while it keeps refilling its own slot.
+MAX_DELIVERIES_PER_TASK = 100
+
+
 @shared_task(name="queueing.tasks.deliver_message", ignore_result=True)
-def deliver_message(cell_name: str, cell_id: int, message_pk: int, message_id: str, token: str) -> str | None:
-    """POST one claimed message and apply the outcome; returns the result (``"acked"``, …) or None."""
-    claim = Claim.from_task_args([cell_name, cell_id, message_pk, message_id, token])
+def deliver_message(cell_name: str, cell_id: int, message_pk: int, message_id: str, token: str) -> int:
+    """POST one claimed message and apply the outcome, then keep the freed slot busy.
+
+    After each outcome the task fires the cell itself (``deliver_and_claim_next``):
+    the first new claim is delivered by this same task, the others are sent as
+    new tasks. Returns the number of deliveries made.
+    """
+    claims = [Claim.from_task_args([cell_name, cell_id, message_pk, message_id, token])]
+    made = 0
     close_old_connections()
     try:
-        report = delivery.deliver_claim(claim)
-        if report is not None:
-            log.info("%s", report.log_line())
-        return report.result if report else None
-    except Exception:  # noqa: BLE001 - the claim stays in flight and is recovered after its deadline
-        log.exception("queue cell %s: delivery of %s failed", cell_name, message_id)
-        return None
+        while claims and made < MAX_DELIVERIES_PER_TASK:
+            claim = claims.pop(0)
+            try:
+                report, more = delivery.deliver_and_claim_next(claim)
+            except Exception:  # noqa: BLE001 - the claim stays in flight and is recovered after its deadline
+                log.exception("queue cell %s: delivery of %s failed", claim.cell_name, claim.message_id)
+                continue
+            if report is not None:
+                made += 1
+                log.info("%s", report.log_line())
+            send_deliveries(more[1:])
+            claims = more[:1] + claims
+        send_deliveries(claims)
+        return made
     finally:
         close_old_connections()

@@ -33,6 +33,7 @@ __all__ = [
     "after_fire",
     "after_transition",
     "current_pump",
+    "forget_scheduled",
     "register_pump",
     "unregister_pump",
     "wake_cell",
@@ -115,6 +116,12 @@ def _send_celery_wake(name: str, delay_ms: int, now: int) -> None:
         options["countdown"] = delay_ms / 1000.0 + 0.002
     options["expires"] = options.get("countdown", 0.0) + _WAKE_EXPIRES_S
     wake_task.apply_async((name,), **options)
+
+
+def forget_scheduled(name: str) -> None:
+    """Called when a wake-up of cell ``name`` runs: this process no longer has one pending."""
+    with _scheduled_lock:
+        _scheduled.pop(name, None)
 
 
 def after_transition(name: str, alarm_at: int | None, now: int) -> None:
