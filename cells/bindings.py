@@ -5,6 +5,7 @@ Each implemented binding adds one ``register_binding`` call here.
 from worldcell.dispatch import register_binding
 
 from .index import IndexCell
+from .runs import RunCell
 from .streams import StreamCell
 
 register_binding(
@@ -31,5 +32,18 @@ register_binding(
         "getInfo": "get_info",
         "registerStream": "register_stream",
         "listStreams": "list_streams",
+    },
+)
+register_binding(
+    "runs",
+    RunCell,
+    {
+        "applyEvent": "apply_event",
+        "getRun": "get_run",
+        "getStep": "get_step",
+        "getEvent": "get_event",
+        "listEvents": "list_events",
+        "listSteps": "list_steps",
+        "listHooks": "list_hooks",
     },
 )

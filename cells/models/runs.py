@@ -1,2 +1,364 @@
-"""Models of the runs cell."""
-__all__: list[str] = []
+"""Models of the runs cell: one run = one cell (PROTOCOL.md §5.9, DESIGN.md).
+
+Upstream keeps a run cell as keys in one private map (``run``, ``step:<id>``,
+``stepcreated:<ISO>:<id>``, ``hook:<id>``, ``hookevent:<id>``,
+``event:<eventId>``, ``event_sequence``). Here each key family is a table an
+operator can query:
+
+==============================  ==========================================
+upstream key                    row
+==============================  ==========================================
+``schema_version``,             ``RunCellState`` (the lock target; exists
+``event_sequence``              before the run does)
+``run``                         ``Run`` (primary key = the cell row)
+``step:<id>`` +                 ``Step`` (``sort_key`` = ``<ISO>:<id>``)
+``stepcreated:<ISO>:<id>``
+``hook:<id>`` +                 ``Hook`` (live hooks only)
+``hookcreated:<ISO>:<id>``
+``hookevent:<id>``              ``HookMarker`` (outlives the hook)
+``event:<eventId>``             ``Event`` (the whole encoded event in ``body``)
+==============================  ==========================================
+
+Payload columns (input, output, error, executionContext, metadata, the event
+body) hold codec-encoded JSON text (``worldcell.codec``): full fidelity for
+Dates, bytes and U+0000, which PostgreSQL ``jsonb`` would reject. SQL NULL in
+a payload column means "absent". ``to_entity`` / ``entity_columns`` convert
+between a row and the wire-shaped entity dict.
+
+Range-scanned key columns (``Step.sort_key``, ``Hook.sort_key``,
+``Event.event_id``) compare bytewise (``BytewiseTextField``), so a cursor
+string sent by a client is compared exactly as upstream compares keys (§4.0).
+"""
+from __future__ import annotations
+
+from datetime import datetime
+from typing import Any, Iterable
+
+from django.db import models
+
+from worldcell import codec
+
+from ..event_schemas import RUN_STATUSES, STEP_STATUSES
+
+__all__ = ["BytewiseTextField", "Event", "Hook", "HookMarker", "Run", "RunCellState", "Step"]
+
+
+class BytewiseTextField(models.TextField):
+    """Text that orders and compares by UTF-8 bytes (= Unicode code points, §1.3, §12 A3).
+
+    PostgreSQL: the column gets ``COLLATE "C"``, so ``<``/``>``/``ORDER BY``
+    and the btree built on it are bytewise. SQLite: the default BINARY
+    collation already is. The collation is chosen per connection, so one
+    migration serves both databases.
+    """
+
+    def db_parameters(self, connection):
+        params = super().db_parameters(connection)
+        if connection.vendor == "postgresql":
+            params["collation"] = "C"
+        return params
+
+
+def json_number(value: float) -> int | float:
+    """A stored float as the JSON number the client sent (3.0 -> 3)."""
+    if value.is_integer() and abs(value) < 2**53:
+        return int(value)
+    return value
+
+
+class EntityRow:
+    """A row that stores one wire entity, member by member.
+
+    ``MEMBERS`` maps each wire member to its column, in the wire order;
+    members in ``PAYLOADS`` are stored as codec-encoded text. A NULL column is
+    an absent member, so ``to_entity`` never produces ``null`` (§3.5).
+    ``CONSTANTS`` are members every entity of the kind carries unchanged.
+    """
+
+    MEMBERS: dict[str, str] = {}
+    PAYLOADS: frozenset[str] = frozenset()
+    CONSTANTS: dict[str, Any] = {}
+
+    @classmethod
+    def entity_columns(cls, entity: dict[str, Any], members: Iterable[str] | None = None) -> dict[str, Any]:
+        """Column values of the members of a validated ``entity`` (all of them, or only ``members``).
+
+        Members that have no column (``runId``, the constants) are skipped.
+        """
+        columns: dict[str, Any] = {}
+        for member in cls.MEMBERS if members is None else [m for m in members if m in cls.MEMBERS]:
+            value = entity.get(member)
+            if value is not None and member in cls.PAYLOADS:
+                value = codec.encode(value)
+            columns[cls.MEMBERS[member]] = value
+        return columns
+
+    def to_entity(self, run_id: str) -> dict[str, Any]:
+        """The entity as the wire carries it, stamped with ``run_id``."""
+        entity: dict[str, Any] = {"runId": run_id}
+        for member, column in self.MEMBERS.items():
+            value = getattr(self, column)
+            if value is None:
+                continue
+            if member in self.PAYLOADS:
+                value = codec.decode(value)
+            elif isinstance(value, datetime):
+                value = codec.to_utc_ms(value)
+            elif isinstance(value, float):
+                value = json_number(value)
+            entity[member] = value
+        entity.update(self.CONSTANTS)
+        return entity
+
+
+class RunCellState(models.Model):
+    """One run cell: the row every ``applyEvent`` on the run locks first.
+
+    It exists before the run entity does (created on the first call that
+    writes), so two concurrent ``run_created`` for one run queue on its lock
+    instead of racing on an insert.
+
+    Fields:
+        name: the cell name = the run id (``wrun_…``); unique.
+        event_sequence: the last event sequence number handed out; event ids
+            are ``wevt_z`` + this number zero-padded to 20 digits (§5.5).
+        schema_version: the run-cell layout version (§10); every cell
+            written by worldcell is at version 3.
+    """
+
+    name = models.TextField(help_text="cell name = run id")
+    event_sequence = models.BigIntegerField(default=0, help_text="last event sequence number handed out")
+    schema_version = models.PositiveSmallIntegerField(default=3)
+
+    class Meta:
+        verbose_name = "run cell"
+        constraints = [models.UniqueConstraint(fields=["name"], name="cells_runcellstate_name_uniq")]
+
+    def __str__(self) -> str:
+        return self.name
+
+
+class Run(EntityRow, models.Model):
+    """The run entity of a run cell (PROTOCOL.md §5.2 WorkflowRun).
+
+    Fields:
+        cell: the owning cell (primary key); ``cell.name`` is the run id.
+        status: pending | running | completed | failed | cancelled.
+        deployment_id, workflow_name: as sent with ``run_created``.
+        spec_version: the spec version of the request that created the run.
+        execution_context, input, output, error: codec-encoded JSON, NULL = absent.
+        started_at, completed_at, expired_at: NULL = absent (expired_at is never set).
+        created_at, updated_at: UTC, millisecond precision.
+    """
+
+    MEMBERS = {
+        "status": "status",
+        "deploymentId": "deployment_id",
+        "workflowName": "workflow_name",
+        "specVersion": "spec_version",
+        "executionContext": "execution_context",
+        "input": "input",
+        "output": "output",
+        "error": "error",
+        "expiredAt": "expired_at",
+        "startedAt": "started_at",
+        "completedAt": "completed_at",
+        "createdAt": "created_at",
+        "updatedAt": "updated_at",
+    }
+    PAYLOADS = frozenset({"executionContext", "input", "output", "error"})
+
+    cell = models.OneToOneField(RunCellState, primary_key=True, on_delete=models.CASCADE, related_name="run")
+    status = models.CharField(max_length=16, choices=[(s, s) for s in RUN_STATUSES])
+    deployment_id = models.TextField()
+    workflow_name = models.TextField()
+    spec_version = models.FloatField(null=True, blank=True)
+    execution_context = models.TextField(null=True, blank=True, help_text="codec-encoded JSON object")
+    input = models.TextField(null=True, blank=True, help_text="codec-encoded JSON")
+    output = models.TextField(null=True, blank=True, help_text="codec-encoded JSON")
+    error = models.TextField(null=True, blank=True, help_text="codec-encoded StructuredError")
+    started_at = models.DateTimeField(null=True, blank=True)
+    completed_at = models.DateTimeField(null=True, blank=True)
+    expired_at = models.DateTimeField(null=True, blank=True)
+    created_at = models.DateTimeField()
+    updated_at = models.DateTimeField()
+
+    class Meta:
+        verbose_name = "run"
+        indexes = [
+            models.Index(fields=["status"], name="cells_run_status_idx"),
+            models.Index(fields=["workflow_name"], name="cells_run_workflow_idx"),
+            models.Index(fields=["deployment_id"], name="cells_run_deployment_idx"),
+            models.Index(fields=["created_at"], name="cells_run_created_idx"),
+        ]
+
+    def __str__(self) -> str:
+        return f"run {self.cell_id} ({self.status})"
+
+
+def creation_sort_key(created_at: datetime, entity_id: str) -> str:
+    """``<ISO createdAt>:<id>``: the ``stepcreated:``/``hookcreated:`` key suffix and P2 cursor (§4.0)."""
+    return f"{codec.format_iso(created_at)}:{entity_id}"
+
+
+class Step(EntityRow, models.Model):
+    """A step of a run (PROTOCOL.md §5.2 Step).
+
+    Fields:
+        run: the owning run.
+        step_id: the step id (the ``correlationId`` of its events); unique per run.
+        step_name, status, attempt: as on the wire.
+        input, output, error: codec-encoded JSON, NULL = absent.
+        started_at, completed_at, retry_after: NULL = absent.
+        created_at, updated_at: UTC, millisecond precision.
+        spec_version: the spec version of the request that created the step.
+        sort_key: ``<ISO createdAt>:<stepId>``, bytewise; ``listSteps`` pages by it.
+    """
+
+    MEMBERS = {
+        "stepId": "step_id",
+        "stepName": "step_name",
+        "status": "status",
+        "input": "input",
+        "output": "output",
+        "error": "error",
+        "attempt": "attempt",
+        "startedAt": "started_at",
+        "completedAt": "completed_at",
+        "createdAt": "created_at",
+        "updatedAt": "updated_at",
+        "retryAfter": "retry_after",
+        "specVersion": "spec_version",
+    }
+    PAYLOADS = frozenset({"input", "output", "error"})
+
+    run = models.ForeignKey(Run, on_delete=models.CASCADE, related_name="steps", db_index=False)
+    step_id = models.TextField()
+    step_name = models.TextField()
+    status = models.CharField(max_length=16, choices=[(s, s) for s in STEP_STATUSES])
+    attempt = models.BigIntegerField(default=0)
+    input = models.TextField(null=True, blank=True, help_text="codec-encoded JSON")
+    output = models.TextField(null=True, blank=True, help_text="codec-encoded JSON")
+    error = models.TextField(null=True, blank=True, help_text="codec-encoded StructuredError")
+    started_at = models.DateTimeField(null=True, blank=True)
+    completed_at = models.DateTimeField(null=True, blank=True)
+    retry_after = models.DateTimeField(null=True, blank=True)
+    created_at = models.DateTimeField()
+    updated_at = models.DateTimeField()
+    spec_version = models.FloatField(null=True, blank=True)
+    sort_key = BytewiseTextField(help_text="<ISO createdAt>:<stepId>, the listSteps order and cursor")
+
+    class Meta:
+        verbose_name = "step"
+        constraints = [models.UniqueConstraint(fields=["run", "step_id"], name="cells_step_run_step_uniq")]
+        indexes = [models.Index(fields=["run", "sort_key"], name="cells_step_run_sort_idx")]
+
+    def __str__(self) -> str:
+        return f"step {self.step_id} ({self.status})"
+
+
+class Hook(EntityRow, models.Model):
+    """A live hook of a run (PROTOCOL.md §5.2 Hook); deleted on dispose or terminal run.
+
+    Fields:
+        run: the owning run.
+        hook_id: the hook id (the ``correlationId`` of its events); unique per run.
+        token: the hook token (globally owned through the index cell, §6.3).
+        metadata: codec-encoded JSON, NULL = absent.
+        is_webhook: as sent with ``hook_created`` (default false).
+        created_at: UTC, millisecond precision.
+        spec_version: the spec version of the request that created the hook.
+        sort_key: ``<ISO createdAt>:<hookId>``, bytewise; ``listHooks`` pages by it.
+
+    ``ownerId``, ``projectId`` and ``environment`` are always ``""`` (§5.2)
+    and are not stored.
+    """
+
+    MEMBERS = {
+        "hookId": "hook_id",
+        "token": "token",
+        "metadata": "metadata",
+        "createdAt": "created_at",
+        "specVersion": "spec_version",
+        "isWebhook": "is_webhook",
+    }
+    PAYLOADS = frozenset({"metadata"})
+    CONSTANTS = {"ownerId": "", "projectId": "", "environment": ""}
+
+    run = models.ForeignKey(Run, on_delete=models.CASCADE, related_name="hooks", db_index=False)
+    hook_id = models.TextField()
+    token = models.TextField()
+    metadata = models.TextField(null=True, blank=True, help_text="codec-encoded JSON")
+    is_webhook = models.BooleanField(default=False)
+    created_at = models.DateTimeField()
+    spec_version = models.FloatField(null=True, blank=True)
+    sort_key = BytewiseTextField(help_text="<ISO createdAt>:<hookId>, the listHooks order and cursor")
+
+    class Meta:
+        verbose_name = "hook"
+        constraints = [models.UniqueConstraint(fields=["run", "hook_id"], name="cells_hook_run_hook_uniq")]
+        indexes = [
+            models.Index(fields=["run", "sort_key"], name="cells_hook_run_sort_idx"),
+            models.Index(fields=["token"], name="cells_hook_token_idx"),
+        ]
+
+    def __str__(self) -> str:
+        return f"hook {self.hook_id}"
+
+
+class HookMarker(models.Model):
+    """``hookevent:<hookId>``: a hook was created on this run (PROTOCOL.md §5.6, quirk Q5).
+
+    Never deleted, so a hook id is never created twice on one run, even
+    after the hook was disposed or released.
+
+    Fields:
+        run: the owning run.
+        hook_id: the hook id; unique per run.
+        event_id: the id of the ``hook_created`` event that created it.
+    """
+
+    run = models.ForeignKey(Run, on_delete=models.CASCADE, related_name="hook_markers", db_index=False)
+    hook_id = models.TextField()
+    event_id = models.TextField()
+
+    class Meta:
+        verbose_name = "hook marker"
+        constraints = [models.UniqueConstraint(fields=["run", "hook_id"], name="cells_hookmarker_run_hook_uniq")]
+
+    def __str__(self) -> str:
+        return f"hook {self.hook_id} created by {self.event_id}"
+
+
+class Event(models.Model):
+    """One event of a run's append-only log (PROTOCOL.md §5.2 Event).
+
+    Fields:
+        run: the owning run.
+        event_id: ``wevt_z`` + the 20-digit sequence; unique per run, bytewise,
+            so its order is the log order and ``listEvents`` cursors compare exactly.
+        sequence: the event's sequence number (the digits of ``event_id``).
+        event_type, correlation_id, created_at: copies of the event's members
+            for operators (filtering, timelines).
+        body: the whole event, codec-encoded, exactly as ``getEvent`` returns it.
+    """
+
+    run = models.ForeignKey(Run, on_delete=models.CASCADE, related_name="events", db_index=False)
+    event_id = BytewiseTextField()
+    sequence = models.BigIntegerField()
+    event_type = models.CharField(max_length=32)
+    correlation_id = models.TextField(null=True, blank=True)
+    created_at = models.DateTimeField()
+    body = models.TextField(help_text="codec-encoded event")
+
+    class Meta:
+        verbose_name = "event"
+        constraints = [models.UniqueConstraint(fields=["run", "event_id"], name="cells_event_run_event_uniq")]
+        indexes = [models.Index(fields=["correlation_id"], name="cells_event_correlation_idx")]
+
+    def __str__(self) -> str:
+        return f"{self.event_id} {self.event_type}"
+
+    def to_entity(self) -> dict[str, Any]:
+        """The stored event, decoded."""
+        return codec.decode(self.body)

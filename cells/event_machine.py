@@ -1,0 +1,650 @@
+"""The run cell's event state machine: ``applyEvent`` (PROTOCOL.md §5.5–5.7).
+
+``apply_event(cell, request, now)`` applies one event to one run cell and
+returns the outcome dict. The caller (``cells.runs.RunCell.apply_event``)
+holds the cell's row lock inside ``transaction.atomic()``; everything written
+here commits or rolls back with that transaction.
+
+The steps, in the normative order of §5.5:
+
+1. Load the run — except for ``run_created``, ``step_completed`` and
+   ``step_retrying``, which never read it (so no version gate, terminal guard
+   or RUN_NOT_FOUND applies to them, quirk Q2).
+2. Resilient-start bootstrap: ``run_started`` on a missing run whose
+   ``eventData`` has a truthy ``deploymentId`` and ``workflowName`` and an
+   ``input`` member creates the run plus a synthetic ``run_created`` event.
+3. Version gate: RUN_NOT_SUPPORTED (specVersion > 3), then
+   LEGACY_RUN_NOT_SUPPORTED (absent or <= 1). A bootstrap that fails here
+   stays committed (quirk Q1).
+4. Terminal-run guards (``run_cancelled`` on a cancelled run appends and
+   succeeds, quirk Q3).
+5. Step guards: STEP_NOT_FOUND, terminal step, non-running step on a
+   terminal run.
+6. Hook guards: HOOK_NOT_FOUND for ``hook_disposed``/``hook_received``.
+7. RUN_NOT_FOUND — after 5 and 6, so a missing run can answer STEP_NOT_FOUND
+   or HOOK_NOT_FOUND first.
+8. The per-type effect (§5.6), then the event counter is saved — only when
+   the outcome is ``ok: true``.
+
+Guard failures are *returned* (``{"ok": false, "code", "message"}``, HTTP 200).
+Invalid input raises ``ValidationError`` (HTTP 400) and a dereferenced
+missing ``eventData`` raises ``TypeError`` (HTTP 500), both rolling back the
+whole call: no event id is consumed.
+
+Entities travel through this module as wire-shaped dicts (``runId``,
+``createdAt``…) validated by ``cells.event_schemas``; rows are read and
+written only through the small storage helpers at the bottom.
+"""
+from __future__ import annotations
+
+from datetime import datetime
+from typing import Any
+
+from worldcell import codec
+from worldcell.errors import CellError, ValidationError
+
+from .event_schemas import (
+    ABSENT,
+    compact,
+    is_number,
+    member,
+    storable_text,
+    validate_event,
+    validate_hook,
+    validate_run,
+    validate_step,
+)
+from .models.runs import Event, Hook, HookMarker, Run, RunCellState, Step, creation_sort_key
+
+__all__ = ["SPEC_VERSION_CURRENT", "apply_event", "format_event_id", "js_string"]
+
+SPEC_VERSION_CURRENT = 3
+EVENT_ID_PREFIX = "wevt_z"
+RUN_STARTED_PRELOAD = 1000
+
+TERMINAL_RUN = frozenset({"completed", "failed", "cancelled"})
+TERMINAL_STEP = frozenset({"completed", "failed", "cancelled"})
+STEP_EVENTS = frozenset({"step_started", "step_completed", "step_failed", "step_retrying"})
+#: Event types that never read the run (§5.5 step 1).
+RUN_NOT_READ = frozenset({"run_created", "step_completed", "step_retrying"})
+
+
+def format_event_id(sequence: int) -> str:
+    """``wevt_z`` + ``sequence`` zero-padded to 20 digits (§5.2)."""
+    return f"{EVENT_ID_PREFIX}{sequence:020d}"
+
+
+# --------------------------------------------------------------------------- JavaScript semantics
+
+
+def js_truthy(value: Any) -> bool:
+    """JavaScript truthiness: absent, null, false, 0 and "" are falsy; objects (even empty) are not."""
+    if value is ABSENT or value is None or value is False:
+        return False
+    if isinstance(value, (int, float, str)):
+        return bool(value)
+    return True
+
+
+def _js_number(value: int | float) -> str:
+    if isinstance(value, int):
+        return str(value)
+    if value.is_integer() and abs(value) < 1e21:
+        return str(int(value))
+    return repr(value).replace("e-0", "e-").replace("e+0", "e+")
+
+
+def js_string(value: Any) -> str:
+    """``String(value)``: how upstream builds a key or message from a non-string id.
+
+    ``step:<correlationId>`` with no correlationId looks up ``step:undefined``
+    upstream; this reproduces such keys and the messages that quote them.
+    """
+    if isinstance(value, str):
+        return value
+    if value is ABSENT:
+        return "undefined"
+    if value is None:
+        return "null"
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, (int, float)):
+        return _js_number(value)
+    if isinstance(value, list):
+        return ",".join("" if x is None else js_string(x) for x in value)
+    if isinstance(value, (bytes, bytearray)):
+        return ",".join(str(b) for b in value)
+    if isinstance(value, datetime):
+        return codec.to_utc_ms(value).strftime("%a %b %d %Y %H:%M:%S GMT+0000 (Coordinated Universal Time)")
+    return "[object Object]"
+
+
+def _given(value: Any) -> bool:
+    """True when JavaScript's ``value ?? fallback`` picks ``value`` (it is neither absent nor null)."""
+    return value is not ABSENT and value is not None
+
+
+def is_legacy_spec_version(version: Any) -> bool:
+    """``isLegacySpecVersion``: absent, null, or <= 1."""
+    return not _given(version) or (is_number(version) and version <= 1)
+
+
+def requires_newer_world(version: Any) -> bool:
+    """``requiresNewerWorld``: present and > 3."""
+    return is_number(version) and version > SPEC_VERSION_CURRENT
+
+
+def to_structured_error(err: Any, *, stack: Any = ABSENT, code: Any = ABSENT) -> dict[str, Any]:
+    """``toStructuredError`` (§5.6): message, stack and code out of any error value."""
+    if isinstance(err, str):
+        message = err
+    elif isinstance(member(err, "message"), str):
+        message = err["message"]
+    else:
+        message = "Unknown error"
+    out: dict[str, Any] = {"message": message}
+    if _given(stack):
+        out["stack"] = stack
+    elif isinstance(member(err, "stack"), str):
+        out["stack"] = err["stack"]
+    if _given(code):
+        out["code"] = code
+    elif isinstance(member(err, "code"), str):
+        out["code"] = err["code"]
+    return out
+
+
+# --------------------------------------------------------------------------- outcomes
+
+
+def failure(code: str, message: str, **extra: Any) -> dict[str, Any]:
+    """A returned guard failure (§4.5): HTTP 200 ``{"ok": false, …}``."""
+    return {"ok": False, "code": code, "message": message, **extra}
+
+
+def success(**members: Any) -> dict[str, Any]:
+    """``{"ok": true, …}`` with ``releasedHooks`` always present (§5.7)."""
+    members.setdefault("releasedHooks", [])
+    return {"ok": True, **members}
+
+
+# --------------------------------------------------------------------------- the machine
+
+
+def read_request(cell: RunCellState, request: Any) -> tuple[str, dict[str, Any], Any]:
+    """Check the ``applyEvent`` envelope (§5.4): ``(runId, data, tokenHolder)``.
+
+    ``runId`` must be the cell name (§12 A9: worldcell rejects a mismatch);
+    ``data`` must be an object and is compacted (top-level ``null`` = absent).
+    """
+    if not isinstance(request, dict):
+        raise ValidationError("request: expected object")
+    run_id = request.get("runId", ABSENT)
+    if not isinstance(run_id, str):
+        raise ValidationError("request.runId: expected string")
+    if run_id != cell.name:
+        raise ValidationError("request.runId: must equal the run cell name in the URL")
+    data = request.get("data", ABSENT)
+    if not isinstance(data, dict):
+        raise ValidationError("request.data: expected object")
+    return run_id, compact(data), request.get("tokenHolder", ABSENT)
+
+
+def apply_event(cell: RunCellState, request: Any, now: datetime) -> dict[str, Any]:
+    """Apply one ``applyEvent`` request to the locked ``cell`` at ``now`` (§5.5).
+
+    Returns the outcome dict. Raises ValidationError / CellError (the caller's
+    transaction then rolls everything back).
+    """
+    run_id, data, token_holder = read_request(cell, request)
+    machine = _EventMachine(cell, run_id, data, token_holder, now)
+    outcome = machine.apply()
+    if outcome["ok"] and machine.sequence != cell.event_sequence:
+        save_event_sequence(cell, machine.sequence)
+    return outcome
+
+
+class _EventMachine:
+    """One ``applyEvent`` call: the request, ``now``, the loaded run and the event counter."""
+
+    def __init__(self, cell: RunCellState, run_id: str, data: dict[str, Any], token_holder: Any, now: datetime):
+        self.cell = cell
+        self.run_id = run_id
+        self.data = data
+        self.event_type = data.get("eventType", ABSENT)
+        self.correlation_id = data.get("correlationId", ABSENT)
+        self.event_data = data.get("eventData", ABSENT)
+        self.token_holder = token_holder
+        self.now = now
+        # sv := data.specVersion ?? 3 (compact already turned null into absent)
+        self.spec_version = data.get("specVersion", SPEC_VERSION_CURRENT)
+        self.sequence = cell.event_sequence
+        self.run: dict[str, Any] | None = None
+
+    # -- §5.5 --------------------------------------------------------------------------------
+
+    def apply(self) -> dict[str, Any]:
+        kind = self.event_type
+        if kind not in RUN_NOT_READ:  # 1
+            self.run = load_run(self.cell)
+        run_created = None
+        if kind == "run_started" and self.run is None and js_truthy(self.event_data):  # 2
+            run_created = self._bootstrap()
+        if self.run is not None:  # 3
+            refusal = self._version_gate()
+            if refusal:
+                return refusal
+        if self.run is not None and self.run["status"] in TERMINAL_RUN:  # 4
+            outcome = self._terminal_run_guard()
+            if outcome:
+                return outcome
+        step = None
+        if kind in STEP_EVENTS:  # 5
+            step, refusal = self._step_guard()
+            if refusal:
+                return refusal
+        if kind in ("hook_disposed", "hook_received") and js_truthy(self.correlation_id):  # 6
+            if not hook_exists(self.cell, js_string(self.correlation_id)):
+                return self._hook_not_found()
+        if kind not in RUN_NOT_READ and kind != "run_started" and self.run is None:  # 7
+            return self._run_not_found()
+        return self._effect(step, run_created)  # 8
+
+    def _bootstrap(self) -> dict[str, Any] | None:
+        """§5.5 step 2: create the run (and a synthetic ``run_created``) from run_started's eventData."""
+        data = self.event_data
+        deployment_id = member(data, "deploymentId")
+        workflow_name = member(data, "workflowName")
+        run_input = member(data, "input")  # present counts, even as null
+        if not (js_truthy(deployment_id) and js_truthy(workflow_name) and run_input is not ABSENT):
+            return None
+        execution_context = member(data, "executionContext")
+        run = validate_run(
+            {
+                "runId": self.run_id,
+                "deploymentId": deployment_id,
+                "workflowName": workflow_name,
+                "specVersion": self.spec_version,
+                "executionContext": execution_context,
+                "input": run_input,
+                "status": "pending",
+                "createdAt": self.now,
+                "updatedAt": self.now,
+            }
+        )
+        event_data = {"deploymentId": deployment_id, "workflowName": workflow_name, "input": run_input}
+        if execution_context is not ABSENT:
+            event_data["executionContext"] = execution_context
+        create_run(self.cell, run)
+        self._append({"eventType": "run_created", "eventData": event_data})
+        self.run = run
+        return {"workflowName": run["workflowName"], "createdAt": self.now}
+
+    def _version_gate(self) -> dict[str, Any] | None:
+        version = self.run.get("specVersion", ABSENT)
+        if requires_newer_world(version):
+            return failure(
+                "RUN_NOT_SUPPORTED",
+                f'Run "{self.run_id}" requires a newer world '
+                f"(run specVersion {js_string(version)}, world {SPEC_VERSION_CURRENT})",
+                runSpecVersion=version,
+            )
+        if is_legacy_spec_version(version):
+            return failure(
+                "LEGACY_RUN_NOT_SUPPORTED",
+                f'Run "{self.run_id}" was created with a legacy spec version ({js_string(version)}) '
+                "not supported by this world",
+            )
+        return None
+
+    def _terminal_run_guard(self) -> dict[str, Any] | None:
+        kind, status = self.event_type, self.run["status"]
+        if kind == "run_cancelled" and status == "cancelled":  # Q3: appends, run unchanged
+            return success(event=self._append(self.data), run=self.run)
+        if kind == "run_started":
+            return failure("RUN_EXPIRED", f'Workflow run "{self.run_id}" is already in terminal state "{status}"')
+        if kind in ("run_completed", "run_failed", "run_cancelled"):
+            return failure("ENTITY_CONFLICT", f'Cannot transition run from terminal state "{status}"')
+        if kind in ("step_created", "hook_created", "wait_created"):
+            return failure("ENTITY_CONFLICT", f'Cannot create new entities on run in terminal state "{status}"')
+        return None
+
+    def _step_guard(self) -> tuple[dict[str, Any] | None, dict[str, Any] | None]:
+        step_id = js_string(self.correlation_id)
+        step = load_step(self.cell, step_id)
+        if step is None:
+            return None, failure("STEP_NOT_FOUND", f'Step "{step_id}" not found')
+        if step["status"] in TERMINAL_STEP:
+            return None, failure("ENTITY_CONFLICT", f'Cannot modify step in terminal state "{step["status"]}"')
+        if self.run is not None and self.run["status"] in TERMINAL_RUN and step["status"] != "running":
+            return None, failure(
+                "RUN_EXPIRED",
+                f'Cannot modify non-running step on run in terminal state "{self.run["status"]}"',
+            )
+        return step, None
+
+    def _hook_not_found(self) -> dict[str, Any]:
+        return failure("HOOK_NOT_FOUND", f'Hook "{js_string(self.correlation_id)}" not found')
+
+    def _run_not_found(self) -> dict[str, Any]:
+        return failure("RUN_NOT_FOUND", f'Workflow run "{self.run_id}" not found')
+
+    # -- §5.6 --------------------------------------------------------------------------------
+
+    def _effect(self, step: dict[str, Any] | None, run_created: dict[str, Any] | None) -> dict[str, Any]:
+        kind = self.event_type
+        if kind == "run_created":
+            return self._run_created()
+        if kind == "run_started":
+            return self._run_started(run_created)
+        if kind in ("run_completed", "run_failed", "run_cancelled"):
+            return self._run_finished()
+        if kind == "step_created":
+            return self._step_created()
+        if kind in STEP_EVENTS:
+            return self._step_changed(step)
+        if kind == "hook_created":
+            return self._hook_created()
+        if kind == "hook_disposed":
+            return self._hook_disposed()
+        # hook_received, hook_conflict, wait_created, wait_completed — and any unknown
+        # type, which fails validation of the event here.
+        return success(event=self._append(self.data))
+
+    def _required_data(self, name: str) -> Any:
+        """``data.eventData[name]``; a missing eventData is upstream's TypeError (500)."""
+        if self.event_data is ABSENT:  # upstream dereferences it before validating (§5.8)
+            raise CellError(f"Cannot read properties of undefined (reading '{name}')", name="TypeError")
+        return member(self.event_data, name)
+
+    def _run_created(self) -> dict[str, Any]:
+        existing = load_run(self.cell)
+        if existing is not None:  # idempotent replay (Q9): no event, nothing validated
+            return success(run=existing)
+        deployment_id = self._required_data("deploymentId")
+        data = self.event_data
+        run = validate_run(
+            {
+                "runId": self.run_id,
+                "deploymentId": deployment_id,
+                "workflowName": member(data, "workflowName"),
+                "specVersion": self.spec_version,
+                "executionContext": member(data, "executionContext"),
+                "input": member(data, "input"),
+                "status": "pending",
+                "createdAt": self.now,
+                "updatedAt": self.now,
+            }
+        )
+        event = self._build_event(self.data)
+        create_run(self.cell, run)
+        store_event(self.cell, event)
+        return success(
+            event=event, run=run, runCreated={"workflowName": run["workflowName"], "createdAt": self.now}
+        )
+
+    def _run_started(self, run_created: dict[str, Any] | None) -> dict[str, Any]:
+        if self.run is None:
+            return self._run_not_found()
+        if self.run["status"] == "running":  # idempotent replay: no event, no change
+            return success(run=self.run)
+        run = {k: v for k, v in self.run.items() if k not in ("output", "error", "completedAt")}
+        run.update(status="running", startedAt=self.run.get("startedAt", self.now), updatedAt=self.now)
+        run = validate_run(run)
+        event = self._build_event(self.data)
+        update_run(self.cell, self.run, run)
+        store_event(self.cell, event)
+        outcome = success(event=event, run=run, events=first_events(self.cell, RUN_STARTED_PRELOAD))
+        if run_created is not None:
+            outcome["runCreated"] = run_created
+        return outcome
+
+    def _run_finished(self) -> dict[str, Any]:
+        """run_completed / run_failed / run_cancelled on a non-terminal run."""
+        kind = self.event_type
+        run = {k: v for k, v in self.run.items() if k not in ("output", "error")}
+        if kind == "run_completed":
+            run.update(status="completed", output=self._required_data("output"))
+        elif kind == "run_failed":
+            error = self._required_data("error")
+            code = member(self.event_data, "errorCode")
+            run.update(status="failed", error=to_structured_error(error, code=code))
+        else:
+            run.update(status="cancelled")
+        run.update(completedAt=self.now, updatedAt=self.now)
+        run = validate_run(run)
+        event = self._build_event(self.data)
+        update_run(self.cell, self.run, run)
+        store_event(self.cell, event)
+        return success(event=event, run=run, releasedHooks=release_all_hooks(self.cell))
+
+    def _step_created(self) -> dict[str, Any]:
+        step_id = js_string(self.correlation_id)
+        if load_step(self.cell, step_id) is not None:
+            return failure("ENTITY_CONFLICT", f'Step "{step_id}" already exists')
+        step = validate_step(
+            {
+                "runId": self.run_id,
+                "stepId": self.correlation_id,
+                "stepName": self._required_data("stepName"),
+                "status": "pending",
+                "input": member(self.event_data, "input"),
+                "attempt": 0,
+                "createdAt": self.now,
+                "updatedAt": self.now,
+                "specVersion": self.spec_version,
+            }
+        )
+        event = self._build_event(self.data)
+        create_step(self.cell, step)
+        store_event(self.cell, event)
+        return success(event=event, step=step)
+
+    def _step_changed(self, current: dict[str, Any]) -> dict[str, Any]:
+        """step_started / step_completed / step_failed / step_retrying (step guards passed)."""
+        kind, now = self.event_type, self.now
+        step = dict(current)
+        if kind == "step_started":
+            retry_after = step.get("retryAfter")
+            if retry_after is not None and retry_after > now:
+                wait_ms = codec.epoch_ms(retry_after) - codec.epoch_ms(now)
+                return failure(
+                    "TOO_EARLY",
+                    f'Cannot start step "{step["stepId"]}": retryAfter timestamp has not been reached yet',
+                    retryAfterSeconds=max(1, -(-wait_ms // 1000)),
+                )
+            step.pop("retryAfter", None)
+            step.update(status="running", startedAt=step.get("startedAt", now), attempt=step["attempt"] + 1)
+        elif kind == "step_completed":
+            step.update(status="completed", output=self._required_data("result"), completedAt=now)
+        elif kind == "step_failed":
+            error = self._required_data("error")
+            stack = member(self.event_data, "stack")
+            step.update(status="failed", error=to_structured_error(error, stack=stack), completedAt=now)
+        else:  # step_retrying
+            error = self._required_data("error")
+            stack = member(self.event_data, "stack")
+            step.update(status="pending", error=to_structured_error(error, stack=stack))
+            retry_after = member(self.event_data, "retryAfter")
+            if js_truthy(retry_after):  # Q8: retryAfter 0 is falsy
+                step["retryAfter"] = retry_after
+            else:
+                step.pop("retryAfter", None)
+        step["updatedAt"] = now
+        step = validate_step(step)
+        event = self._build_event(self.data)
+        update_step(self.cell, current, step)
+        store_event(self.cell, event)
+        return success(event=event, step=step)
+
+    def _hook_created(self) -> dict[str, Any]:
+        hook_id = self.correlation_id
+        token = self._required_data("token")
+        holder = self.token_holder
+        if js_truthy(holder) and (
+            member(holder, "runId") != self.run_id or member(holder, "hookId") != hook_id
+        ):  # the token belongs to another hook: record the conflict, create nothing
+            conflict = {"token": token, "conflictingRunId": member(holder, "runId")}
+            record = {
+                "eventType": "hook_conflict",
+                "correlationId": hook_id,
+                "eventData": {k: v for k, v in conflict.items() if v is not ABSENT},
+            }
+            return success(event=self._append(record))
+        key = js_string(hook_id)
+        if marker_exists(self.cell, key):
+            existing = load_hook(self.cell, key)
+            if existing is not None and not _given(holder):  # crash-orphan repair: no event
+                return success(hook=existing, hookToIndex=existing)
+            return failure("ENTITY_CONFLICT", f'Hook "{key}" already created')
+        is_webhook = member(self.event_data, "isWebhook")
+        hook = validate_hook(
+            {
+                "runId": self.run_id,
+                "hookId": hook_id,
+                "token": token,
+                "metadata": member(self.event_data, "metadata"),
+                "ownerId": "",
+                "projectId": "",
+                "environment": "",
+                "createdAt": self.now,
+                "specVersion": self.spec_version,
+                "isWebhook": is_webhook if _given(is_webhook) else False,
+            }
+        )
+        event = self._build_event(self.data)
+        create_hook(self.cell, hook, event["eventId"])
+        store_event(self.cell, event)
+        return success(event=event, hook=hook, hookToIndex=hook)
+
+    def _hook_disposed(self) -> dict[str, Any]:
+        hook = load_hook(self.cell, js_string(self.correlation_id))
+        if hook is None:  # an empty correlationId skipped the §5.5 step 6 guard
+            return self._hook_not_found()
+        event = self._build_event(self.data)
+        delete_hook(self.cell, hook["hookId"])
+        store_event(self.cell, event)
+        return success(event=event, releasedHooks=[{"hookId": hook["hookId"], "token": hook["token"]}])
+
+    # -- events --------------------------------------------------------------------------------
+
+    def _build_event(self, record: dict[str, Any]) -> dict[str, Any]:
+        """Take the next event id and build + validate the event record (§5.5 "append")."""
+        self.sequence += 1
+        event = dict(record)
+        event.update(
+            runId=self.run_id,
+            eventId=format_event_id(self.sequence),
+            createdAt=self.now,
+            specVersion=self.spec_version,
+        )
+        if event.get("eventType") == "run_started":
+            event.pop("eventData", None)
+        return validate_event(event)
+
+    def _append(self, record: dict[str, Any]) -> dict[str, Any]:
+        """Build, validate and store an event that comes with no entity change."""
+        event = self._build_event(record)
+        store_event(self.cell, event)
+        return event
+
+
+# --------------------------------------------------------------------------- storage
+
+
+def load_run(cell: RunCellState) -> dict[str, Any] | None:
+    """The cell's run entity, or None."""
+    row = Run.objects.filter(cell=cell).first()
+    return None if row is None else row.to_entity(cell.name)
+
+
+def create_run(cell: RunCellState, run: dict[str, Any]) -> None:
+    Run(cell=cell, **Run.entity_columns(run)).save(force_insert=True)
+
+
+def update_run(cell: RunCellState, old: dict[str, Any], new: dict[str, Any]) -> None:
+    """Write the members of ``new`` that are not the very objects of ``old`` (big unchanged
+    payloads such as the run input are neither re-encoded nor rewritten)."""
+    Run.objects.filter(cell=cell).update(**Run.entity_columns(new, _changed(old, new)))
+
+
+def _changed(old: dict[str, Any], new: dict[str, Any]) -> list[str]:
+    return [m for m in old.keys() | new.keys() if new.get(m, ABSENT) is not old.get(m, ABSENT)]
+
+
+def load_step(cell: RunCellState, step_id: str) -> dict[str, Any] | None:
+    if not storable_text(step_id):  # no stored step can have this id
+        return None
+    row = Step.objects.filter(run_id=cell.pk, step_id=step_id).first()
+    return None if row is None else row.to_entity(cell.name)
+
+
+def create_step(cell: RunCellState, step: dict[str, Any]) -> None:
+    sort_key = creation_sort_key(step["createdAt"], step["stepId"])
+    Step(run_id=cell.pk, sort_key=sort_key, **Step.entity_columns(step)).save(force_insert=True)
+
+
+def update_step(cell: RunCellState, old: dict[str, Any], new: dict[str, Any]) -> None:
+    """Like ``update_run``: only the members that changed."""
+    columns = Step.entity_columns(new, _changed(old, new))
+    Step.objects.filter(run_id=cell.pk, step_id=old["stepId"]).update(**columns)
+
+
+def load_hook(cell: RunCellState, hook_id: str) -> dict[str, Any] | None:
+    if not storable_text(hook_id):
+        return None
+    row = Hook.objects.filter(run_id=cell.pk, hook_id=hook_id).first()
+    return None if row is None else row.to_entity(cell.name)
+
+
+def hook_exists(cell: RunCellState, hook_id: str) -> bool:
+    return storable_text(hook_id) and Hook.objects.filter(run_id=cell.pk, hook_id=hook_id).exists()
+
+
+def marker_exists(cell: RunCellState, hook_id: str) -> bool:
+    return storable_text(hook_id) and HookMarker.objects.filter(run_id=cell.pk, hook_id=hook_id).exists()
+
+
+def create_hook(cell: RunCellState, hook: dict[str, Any], event_id: str) -> None:
+    """Store a new live hook and its never-deleted ``hookevent:`` marker."""
+    sort_key = creation_sort_key(hook["createdAt"], hook["hookId"])
+    Hook(run_id=cell.pk, sort_key=sort_key, **Hook.entity_columns(hook)).save(force_insert=True)
+    HookMarker(run_id=cell.pk, hook_id=hook["hookId"], event_id=event_id).save(force_insert=True)
+
+
+def delete_hook(cell: RunCellState, hook_id: str) -> None:
+    Hook.objects.filter(run_id=cell.pk, hook_id=hook_id).delete()
+
+
+def release_all_hooks(cell: RunCellState) -> list[dict[str, str]]:
+    """Delete every live hook of the run; ``[{hookId, token}]`` in ``hook:<id>`` key order (§5.6)."""
+    hooks = sorted(Hook.objects.filter(run_id=cell.pk).values_list("hook_id", "token"))
+    if hooks:
+        Hook.objects.filter(run_id=cell.pk).delete()
+    return [{"hookId": hook_id, "token": token} for hook_id, token in hooks]
+
+
+def store_event(cell: RunCellState, event: dict[str, Any]) -> None:
+    """Append a validated event to the run's log."""
+    event_id = event["eventId"]
+    Event(
+        run_id=cell.pk,
+        event_id=event_id,
+        sequence=int(event_id[len(EVENT_ID_PREFIX):]),
+        event_type=event["eventType"],
+        correlation_id=event.get("correlationId"),
+        created_at=event["createdAt"],
+        body=codec.encode(event),
+    ).save(force_insert=True)
+
+
+def first_events(cell: RunCellState, limit: int) -> list[dict[str, Any]]:
+    """The run's first ``limit`` events in log order (the ``run_started`` preload, Q7)."""
+    bodies = Event.objects.filter(run_id=cell.pk).order_by("event_id").values_list("body", flat=True)[:limit]
+    return [codec.decode(body) for body in bodies]
+
+
+def save_event_sequence(cell: RunCellState, sequence: int) -> None:
+    """Persist the event counter (only ever for an ``ok: true`` outcome)."""
+    RunCellState.objects.filter(pk=cell.pk).update(event_sequence=sequence)
+    cell.event_sequence = sequence
