@@ -18,7 +18,7 @@ CHUNKS = 100_000
 PAGE = 32
 
 
-def fill(stream_id):
+def fill(stream_id, analyze):
     """Insert chunks 1..CHUNKS-1 of ``stream_id`` directly (chunk i holds i as 4 bytes)."""
     with connection.cursor() as cur:
         if connection.vendor == "postgresql":
@@ -27,13 +27,15 @@ def fill(stream_id):
                 "SELECT %s, g, int4send(g) FROM generate_series(1, %s) g",
                 [stream_id, CHUNKS - 1],
             )
-            cur.execute("ANALYZE cells_streamchunk")
+            if analyze:
+                cur.execute("ANALYZE cells_streamchunk")
         else:
             cur.executemany(
                 'INSERT INTO cells_streamchunk (stream_id, "index", data) VALUES (%s, %s, %s)',
                 [(stream_id, i, i.to_bytes(4, "big")) for i in range(1, CHUNKS)],
             )
-            cur.execute("ANALYZE")
+            if analyze:
+                cur.execute("ANALYZE")
     Stream.objects.filter(pk=stream_id).update(count=CHUNKS)
 
 
@@ -43,11 +45,12 @@ def plan_nodes(plan):
         yield from plan_nodes(child)
 
 
+@pytest.mark.parametrize("analyze", [True, False], ids=["fresh-statistics", "no-statistics"])
 @pytest.mark.parametrize("start", [0, CHUNKS // 2, CHUNKS - PAGE])
-def test_it_reads_any_page_of_a_long_stream_with_one_bounded_index_range_scan(rpc, start):
+def test_it_reads_any_page_of_a_long_stream_with_one_bounded_index_range_scan(rpc, start, analyze):
     rpc.ok("streams", "stream:long", "writeChunk", (0).to_bytes(4, "big"))
     stream_id = Stream.objects.get(name="stream:long").pk
-    fill(stream_id)
+    fill(stream_id, analyze)
 
     page = rpc.ok("streams", "stream:long", "getChunks", {"startIndex": start, "limit": PAGE})
     assert page["tailIndex"] == CHUNKS - 1
@@ -60,11 +63,10 @@ def test_it_reads_any_page_of_a_long_stream_with_one_bounded_index_range_scan(rp
             raw = cur.fetchone()[0]
             plan = (json.loads(raw) if isinstance(raw, str) else raw)[0]["Plan"]
             nodes = list(plan_nodes(plan))
-            kinds = {n["Node Type"] for n in nodes}
-            assert "Seq Scan" not in kinds and "Sort" not in kinds, kinds
-            scans = [n for n in nodes if n["Node Type"] in ("Index Scan", "Index Only Scan")]
-            assert [s["Index Name"] for s in scans] == ["cells_streamchunk_stream_index_uniq"]
-            assert scans[0]["Actual Rows"] == PAGE
+            assert not {n["Node Type"] for n in nodes} & {"Seq Scan", "Parallel Seq Scan"}, nodes
+            assert {n.get("Index Name") for n in nodes} & {"cells_streamchunk_stream_index_uniq"}, nodes
+            # no step of the plan touches more rows than the page holds
+            assert max(n["Actual Rows"] for n in nodes) == PAGE, nodes
         else:
             cur.execute("EXPLAIN QUERY PLAN " + sql, params)
             details = " / ".join(str(row[-1]) for row in cur.fetchall())

@@ -121,17 +121,23 @@ class StreamManager(models.Manager):
 
     @staticmethod
     def chunk_page_query(stream_id: int, start: int, end: int, limit: int | None) -> tuple[str, list[Any]]:
-        """The ``(sql, params)`` that ``chunk_page`` runs (exposed so its plan can be checked)."""
-        params: list[Any] = [stream_id, start, end]
+        """The ``(sql, params)`` that ``chunk_page`` runs (exposed so its plan can be checked).
+
+        Indexes are dense, so the page is exactly the index range
+        ``[start, min(end, start + limit))``: the range itself is bounded by
+        ``limit``, whatever plan the database picks (even with stale
+        statistics a bitmap scan plus sort touches at most ``limit`` rows).
+        """
         if limit is None:
-            return _CHUNK_PAGE, params
-        return _CHUNK_PAGE + " LIMIT %s", params + [limit]
+            return _CHUNK_PAGE, [stream_id, start, end]
+        return _CHUNK_PAGE + " LIMIT %s", [stream_id, start, min(end, start + limit), limit]
 
     def chunk_page(self, stream_id: int, start: int, end: int, limit: int | None) -> list[tuple[Any, str | None]]:
         """``(data, value)`` of chunks ``start <= index < end`` in index order, at most ``limit``.
 
-        One range scan on the ``(stream, index)`` unique index: cost is
-        proportional to ``limit``, not to the stream length. ``limit`` None
+        One range scan on the ``(stream, index)`` unique index over at most
+        ``limit`` index values: cost is proportional to ``limit``, not to the
+        stream length. ``limit`` None
         reads every chunk of the range. ``end`` is the count read with the
         stream row, so a page never runs past the ``tailIndex`` it reports.
         ``data`` is bytes (or None for a non-bytes chunk).
