@@ -19,19 +19,12 @@ from __future__ import annotations
 import hashlib
 from typing import Iterable
 
-from django.conf import settings
 from django.db import connection, models
 
-__all__ = ["C_COLLATION", "IndexEntry", "IndexEntryManager", "lock_hook_token"]
+from .runs import BytewiseTextField  # COLLATE "C" on PostgreSQL, chosen when the migration is applied
 
+__all__ = ["IndexEntry", "IndexEntryManager", "lock_hook_token"]
 
-def _is_postgres() -> bool:
-    return settings.DATABASES["default"]["ENGINE"].endswith("postgresql")
-
-
-#: Collation of range-scanned text columns: bytewise ``"C"`` on PostgreSQL,
-#: SQLite's default (BINARY, already bytewise) elsewhere.
-C_COLLATION = "C" if _is_postgres() else None
 
 _TABLE = '"cells_indexentry"'
 
@@ -137,8 +130,8 @@ class IndexEntry(models.Model):
             the client's JSON strings, ``hookclaim:`` objects, bytes, dates).
     """
 
-    cell = models.TextField(db_collation=C_COLLATION)
-    key = models.TextField(db_collation=C_COLLATION)
+    cell = BytewiseTextField()
+    key = BytewiseTextField()
     value = models.TextField(help_text="codec-encoded JSON of the stored value")
 
     objects = IndexEntryManager()

@@ -27,7 +27,7 @@ from typing import Any, Iterator
 
 from django.db import connection, models, transaction
 
-from .index import C_COLLATION
+from .runs import BytewiseTextField
 
 __all__ = ["Stream", "StreamChunk", "StreamManager", "StreamRegistration", "StreamRegistrationManager"]
 
@@ -181,7 +181,7 @@ class Stream(models.Model):
         created_at / updated_at: first and latest write or close (UTC).
     """
 
-    name = models.TextField(db_collation=C_COLLATION)
+    name = BytewiseTextField()
     count = models.BigIntegerField(default=0, help_text="chunks written = next chunk index")
     closed = models.BooleanField(default=False)
     created_at = models.DateTimeField()
@@ -236,8 +236,8 @@ class StreamRegistration(models.Model):
         created_at: when it was first registered (UTC).
     """
 
-    cell = models.TextField(db_collation=C_COLLATION)
-    name = models.TextField(db_collation=C_COLLATION)
+    cell = BytewiseTextField()
+    name = BytewiseTextField()
     created_at = models.DateTimeField()
 
     objects = StreamRegistrationManager()
