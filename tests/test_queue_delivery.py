@@ -61,8 +61,8 @@ def message(mid: str) -> Message:
     return Message.objects.get(message_id=mid)
 
 
-def fail_five_times(queue, sink, vclock, mid: str, key: str | None = None):
-    sink.answer(Answer(500, {"error": "down"}))
+def fail_five_times(queue, sink, vclock, mid: str, key: str | None = None, answer=Answer(500, {"error": "down"})):
+    sink.answer(answer)
     queue.enqueue(messageId=mid, **({"idempotencyKey": key} if key else {}))
     for ms in (0, 2_100, 4_100, 8_100, 16_100):
         tick(vclock, ms)
@@ -457,3 +457,31 @@ def test_it_does_not_post_the_same_claim_twice(queue, sink, vclock):
     assert deliver_claim(claim).result == "acked"
     assert deliver_claim(claim) is None  # a duplicated delivery task
     assert sink.count() == 1
+
+
+# --------------------------------------------------------------------------- what the client's handler answers (§7.10, §11.11)
+
+
+def test_it_ignores_retry_after_headers(queue, sink, vclock):
+    sink.answer(
+        Answer(500, {"error": "boom", "retryAfter": 2}, {"retry-after": "60"}),
+        Answer(503, {"timeoutSeconds": 30}, {"retry-after": "1"}),
+        Answer(200),
+    )
+    queue.enqueue(messageId="m")
+    tick(vclock)
+    assert message("m").due_at == vclock.now + 2_000  # the backoff, not Retry-After
+    tick(vclock, 2_000)
+    assert message("m").due_at == vclock.now + 30_000  # timeoutSeconds, not Retry-After
+
+
+def test_it_dead_letters_messages_the_handler_refuses_with_400(queue, sink, vclock):
+    fail_five_times(queue, sink, vclock, "refused", "k", Answer(400, {"error": "Unhandled queue"}))
+    assert DeadLetter.objects.get().last_error == "HTTP 400"
+
+
+def test_it_dedups_a_key_routed_to_the_same_shard_of_a_four_shard_queue(queue, sink, vclock):
+    assert queue.enqueue(messageId="msg_1", idempotencyKey="k-1", shards=4)["deduped"] is False
+    assert queue.enqueue(messageId="msg_2", idempotencyKey="k-1", shards=4) == {
+        "ok": True, "messageId": "msg_1", "deduped": True,
+    }

@@ -9,9 +9,10 @@ A thin shell over ``queueing.machine.rearm_cell``.
 """
 from __future__ import annotations
 
+from django.conf import settings
 from django.core.management.base import BaseCommand, CommandError
 
-from queueing import machine
+from queueing import machine, wake
 from queueing.models import QueueCell
 from worldcell import clock, codec
 
@@ -47,6 +48,7 @@ class Command(BaseCommand):
             self.stdout.write("no queue cells")
             return
         dry = opts["dry_run"]
+        due_now = 0
         for name in names:
             now = clock.now_ms()
             report = machine.rearm_cell(name, now, dry_run=dry)
@@ -57,10 +59,20 @@ class Command(BaseCommand):
                 changes.append(f"{report.recovered} expired claim(s) made due")
             if report.alarm_before != report.alarm_after:
                 changes.append(f"alarm {report.alarm_before} -> {report.alarm_after}")
-            changed = ", ".join(changes) or "nothing"
-            verb = "would change" if dry else "changed"
+            if report.alarm_after is not None and report.alarm_after <= now + 1:
+                due_now += 1
             self.stdout.write(
                 f"{report.name}: pending={report.pending} inflight={report.inflight} "
                 f"deadLetters={report.dead_letters} nextAlarm={_when(report.alarm_after, now)}; "
-                f"{verb}: {changed}" + ("" if dry or report.alarm_after is None else "; woken")
+                f"{'would change' if dry else 'changed'}: {', '.join(changes) or 'nothing'}"
             )
+        if dry:
+            self.stdout.write("dry run: nothing was written")
+        elif due_now:
+            if settings.WORLDCELL_USE_CELERY:
+                how = "woken through Celery"
+            elif wake.current_pump() is not None:
+                how = "woken through this process's pump"
+            else:
+                how = "left to the running fleet's pump (no broker)"
+            self.stdout.write(f"{due_now} cell(s) with work due now: {how}")
