@@ -24,22 +24,27 @@ safe in PostgreSQL; ``Message.body_text`` gives it back.
 """
 from __future__ import annotations
 
-from django.conf import settings
 from django.db import models
 from django.db.models import Q
 
 from worldcell import codec
 
-__all__ = ["C_COLLATION", "DeadLetter", "Message", "QueueCell"]
+__all__ = ["BytewiseTextField", "DeadLetter", "Message", "QueueCell"]
 
 
-def _is_postgres() -> bool:
-    return settings.DATABASES["default"]["ENGINE"].endswith("postgresql")
+class BytewiseTextField(models.TextField):
+    """Text that compares and orders by UTF-8 bytes (PROTOCOL.md §1.3, §12 A3).
 
+    PostgreSQL gets ``COLLATE "C"`` on the column (so ``ORDER BY`` and ``>``
+    and the btree on it are bytewise); SQLite's default BINARY collation
+    already is. Chosen per connection, so one migration serves both databases.
+    """
 
-#: Bytewise collation for ordered text columns on PostgreSQL (SQLite's default
-#: BINARY collation already compares UTF-8 bytes).
-C_COLLATION = "C" if _is_postgres() else None
+    def db_parameters(self, connection):
+        params = super().db_parameters(connection)
+        if connection.vendor == "postgresql":
+            params["collation"] = "C"
+        return params
 
 
 class QueueCell(models.Model):
@@ -79,12 +84,12 @@ class Message(models.Model):
     """
 
     cell = models.ForeignKey(QueueCell, on_delete=models.CASCADE, related_name="messages")
-    message_id = models.TextField(db_collation=C_COLLATION)
+    message_id = BytewiseTextField()
     queue_name = models.TextField()
     pathname = models.TextField()
     body = models.TextField(help_text="codec-encoded body string (a JSON string literal)")
     target_base_url = models.TextField()
-    idempotency_key = models.TextField(null=True, blank=True, db_collation=C_COLLATION)
+    idempotency_key = BytewiseTextField(null=True, blank=True)
     attempt = models.IntegerField(default=0)
     enqueued_at = models.BigIntegerField()
     due_at = models.BigIntegerField(null=True, blank=True, help_text="epoch ms; NULL = not scheduled")
@@ -139,8 +144,8 @@ class DeadLetter(models.Model):
     """
 
     cell = models.ForeignKey(QueueCell, on_delete=models.CASCADE, related_name="dead_letters")
-    dlq_key = models.TextField(db_collation=C_COLLATION)
-    message_id = models.TextField(db_collation=C_COLLATION)
+    dlq_key = BytewiseTextField()
+    message_id = BytewiseTextField()
     queue_name = models.TextField()
     pathname = models.TextField()
     body = models.TextField(help_text="codec-encoded body string (a JSON string literal)")

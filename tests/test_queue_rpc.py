@@ -241,3 +241,26 @@ def test_it_purges_only_the_cells_own_dead_letters(rpc):
     plant_dead_letter("q:1", "keep", 1)
     assert rpc.ok("queue", "q:0", "purgeDeadLetters") == {"purged": 3}
     assert list(DeadLetter.objects.values_list("message_id", flat=True)) == ["keep"]
+
+
+def test_it_orders_dead_letters_by_utf8_bytes_of_their_keys(rpc):
+    for mid in ("\U0001f600", "a", "\u00e9", "Z", "\uff5e", "a b"):
+        plant_dead_letter("q:0", mid, 1_000)
+    page = rpc.ok("queue", "q:0", "listDeadLetters")
+    assert [r["messageId"] for r in page["data"]] == ["Z", "a", "a b", "\u00e9", "\uff5e", "\U0001f600"]
+    after = rpc.ok("queue", "q:0", "listDeadLetters", {"cursor": "dlq:0000000001000:a\uffff"})
+    assert [r["messageId"] for r in after["data"]] == ["\u00e9", "\uff5e", "\U0001f600"]
+
+
+@pytest.mark.postgres_only
+def test_it_gives_the_ordered_key_columns_the_c_collation_on_postgresql():
+    from django.db import connection
+
+    with connection.cursor() as cur:
+        cur.execute(
+            "SELECT table_name, column_name, collation_name FROM information_schema.columns "
+            "WHERE table_name IN ('queueing_message', 'queueing_deadletter') AND collation_name IS NOT NULL"
+        )
+        got = {(t, c): coll for t, c, coll in cur.fetchall()}
+    assert got[("queueing_deadletter", "dlq_key")] == "C"
+    assert got[("queueing_message", "message_id")] == "C"
