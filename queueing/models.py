@@ -160,6 +160,11 @@ class DeadLetter(models.Model):
 
     class Meta:
         verbose_name = "dead letter"
+        # Operator actions beyond viewing (the admin's "Redrive" and "Purge").
+        permissions = [
+            ("redrive_deadletter", "Can redrive dead letters"),
+            ("purge_deadletter", "Can purge dead letters"),
+        ]
         constraints = [
             models.UniqueConstraint(fields=["cell", "dlq_key"], name="queue_deadletter_unique_key"),
         ]

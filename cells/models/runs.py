@@ -185,6 +185,8 @@ class Run(EntityRow, models.Model):
 
     class Meta:
         verbose_name = "run"
+        # Operator actions beyond viewing (the admin's "Cancel run").
+        permissions = [("cancel_run", "Can cancel runs (records a run_cancelled event)")]
         indexes = [
             models.Index(fields=["status"], name="cells_run_status_idx"),
             models.Index(fields=["workflow_name"], name="cells_run_workflow_idx"),

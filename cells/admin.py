@@ -1,0 +1,682 @@
+"""The operator console for runs: the run list, the run page, step and event pages, "Cancel run".
+
+Everything here is read-only except "Cancel run", which records a real
+``run_cancelled`` event through the runs service (``cells.operations``) and
+needs the ``cells.cancel_run`` permission.
+
+* **Run list** — run id, workflow, status badge, deployment, created,
+  duration; filters by status, workflow name, deployment, created date;
+  exact search by run id, workflow name, step or hook id, hook token; newest
+  first. Fast on a million runs: indexed filters, a capped count, the run
+  cell joined in the same query, payload columns never loaded.
+* **Run page** — summary, decoded input/output/error/executionContext, the
+  steps, the event log as a timeline (links to the step page or the hook),
+  the live hooks and the run's streams (``run-streams:<runId>`` registry,
+  ``stream:<name>`` chunks). Each section reads one page of rows with
+  bounded previews (``worldcell.display``), so a run with a 5 MB output or
+  10,000 events renders in a handful of queries.
+* **Step page** and **event page** under the run's URL, with full decoded
+  payloads (bounded) and the step's own events.
+"""
+from __future__ import annotations
+
+from typing import Any
+from urllib.parse import urlencode
+
+from django.contrib import admin, messages
+from django.contrib.admin import helpers
+from django.contrib.admin.models import CHANGE, LogEntry
+from django.core.exceptions import PermissionDenied
+from django.db.models import Q
+from django.http import Http404, HttpResponseRedirect
+from django.shortcuts import get_object_or_404
+from django.template.response import TemplateResponse
+from django.urls import path, reverse
+from django.utils.html import format_html
+
+from worldcell import clock, codec, display
+from worldcell.admin_site import (
+    OperatorModelAdmin,
+    distinct_values_filter,
+    format_datetime,
+    format_duration_ms,
+    status_badge,
+)
+
+from .models import Event, Hook, HookMarker, Run, Step, Stream, StreamChunk, StreamRegistration
+from .operations import CancelResult, cancel_run
+
+#: Runs one cancel request may touch (a "select all" over a million runs is refused).
+CANCEL_MAX_RUNS = 500
+#: Rows per page of the run page's sections.
+STEPS_PER_PAGE = 100
+EVENTS_PER_PAGE = 250
+HOOKS_SHOWN = 200
+STREAMS_SHOWN = 50
+STEP_EVENTS_SHOWN = 500
+#: Bytes of a stream chunk read for its preview.
+CHUNK_PREVIEW_BYTES = 96
+
+RUN_PAYLOADS = ("input", "output", "error", "execution_context")
+STEP_PAYLOADS = ("input", "output", "error")
+
+TERMINAL_RUN_STATUSES = frozenset({"completed", "failed", "cancelled"})
+
+
+def _event_family(event_type: str) -> str:
+    """``run`` / ``step`` / ``hook`` / ``wait``: the timeline colour of an event type."""
+    return event_type.split("_", 1)[0]
+
+
+def _run_duration_ms(run: Run, now_ms: int) -> tuple[int | None, bool]:
+    """``(duration ms, still going)``: completedAt (or now) minus startedAt (or createdAt)."""
+    start = run.started_at or run.created_at
+    if start is None:
+        return None, False
+    if run.completed_at is not None:
+        return codec.epoch_ms(run.completed_at) - codec.epoch_ms(start), False
+    if run.status in TERMINAL_RUN_STATUSES:
+        return None, False
+    return now_ms - codec.epoch_ms(start), True
+
+
+def _error_line(stored: display.StoredText | None) -> str:
+    """One line for a StructuredError column: its ``message`` (and ``code``), else an inline preview."""
+    if stored is None:
+        return ""
+    try:
+        if stored.complete:
+            value = codec.decode(stored.head)
+        else:
+            value, _ = display.parse_json_prefix(stored.head)
+    except ValueError:
+        return display.render_payload(stored, inline=True)
+    if isinstance(value, dict) and isinstance(value.get("message"), str):
+        message = value["message"]
+        short = message if len(message) <= 200 else message[:199] + "…"
+        code = value.get("code")
+        return format_html(
+            '<span class="wc-error" title="{}">{}{}</span>',
+            message[:2000],
+            format_html('<code class="wc-code">{}</code> ', code) if isinstance(code, str) else "",
+            short,
+        )
+    return display.render_payload(stored, inline=True)
+
+
+def _event_data_preview(stored: display.StoredText) -> str:
+    """The ``eventData`` of a stored event body, on one line (empty when the event has none)."""
+    try:
+        if stored.complete:
+            body = codec.decode(stored.head)
+            complete = True
+        else:
+            body, complete = display.parse_json_prefix(stored.head)
+    except ValueError:
+        return display.render_payload(stored, inline=True)
+    if not isinstance(body, dict) or "eventData" not in body:
+        if complete or not isinstance(body, dict):
+            return ""
+        return format_html('<span class="wc-cut">… ({} event)</span>', display.format_size(stored.size))
+    preview = display.render_value(body["eventData"], inline=True)
+    if not complete and isinstance(body, display.PartialDict) and len(body) <= 3:
+        preview = format_html('{} <span class="wc-size">· {} event</span>', preview, display.format_size(stored.size))
+    return preview
+
+
+class RunAdmin(OperatorModelAdmin):
+    """Runs: the list, the run page, and "Cancel run" (see the module docstring)."""
+
+    list_display = ("run_id", "workflow_name", "status_badge", "deployment_id", "created", "duration")
+    list_display_links = ("run_id",)
+    list_filter = (
+        "status",
+        distinct_values_filter("workflow_name", "workflow name"),
+        distinct_values_filter("deployment_id", "deployment"),
+        ("created_at", admin.DateFieldListFilter),
+    )
+    search_fields = ("cell__name",)  # shows the search box; the search itself is get_search_results
+    search_help_text = (
+        "Exact match on a run id, workflow name, deployment id, step id, hook id or hook token."
+    )
+    ordering = ("-created_at",)
+    list_select_related = ("cell",)
+    actions = ("cancel_selected_runs",)
+    change_form_template = "admin/cells/run/change_form.html"
+    fieldsets = (
+        (
+            None,
+            {
+                "fields": (
+                    "run_id",
+                    "status_badge",
+                    "workflow_name",
+                    "deployment_id",
+                    "spec_version_display",
+                    "created",
+                    "started",
+                    "completed",
+                    "updated",
+                    "duration",
+                    "record_counts",
+                )
+            },
+        ),
+        ("Payloads", {"fields": ("input_display", "output_display", "error_display", "execution_context_display")}),
+    )
+    readonly_fields = (
+        "run_id",
+        "status_badge",
+        "workflow_name",
+        "deployment_id",
+        "spec_version_display",
+        "created",
+        "started",
+        "completed",
+        "updated",
+        "duration",
+        "record_counts",
+        "input_display",
+        "output_display",
+        "error_display",
+        "execution_context_display",
+    )
+
+    # ------------------------------------------------------------------ queries
+
+    def get_queryset(self, request):
+        """Runs with their cell (the run id) joined; payload columns are never loaded here."""
+        return super().get_queryset(request).select_related("cell").defer(*RUN_PAYLOADS)
+
+    def get_object(self, request, object_id, from_field=None):
+        """The run with previews of its payloads (head, size, tail) instead of the payloads."""
+        annotations: dict[str, Any] = {}
+        for name in RUN_PAYLOADS:
+            annotations.update(display.payload_annotations(name))
+        try:
+            return self.get_queryset(request).annotate(**annotations).get(pk=int(object_id))
+        except (Run.DoesNotExist, ValueError, TypeError):
+            return None
+
+    def get_search_results(self, request, queryset, search_term):
+        """Exact search: run id, workflow name, deployment, step/hook id (event correlation id), hook token.
+
+        Each term is looked up through an index first (run cells by name,
+        events by correlation id, live hooks by token), so a search costs a
+        few index probes, never a scan of the runs.
+        """
+        term = search_term.strip()
+        if not term:
+            return queryset, False
+        if "\x00" in term:
+            return queryset.none(), False
+        run_pks: set[int] = set(Run.objects.filter(cell__name=term).values_list("pk", flat=True)[:1])
+        run_pks.update(Event.objects.filter(correlation_id=term).values_list("run_id", flat=True)[:1000])
+        run_pks.update(Hook.objects.filter(token=term).values_list("run_id", flat=True)[:1000])
+        cond = Q(workflow_name=term) | Q(deployment_id=term)
+        if run_pks:
+            cond |= Q(pk__in=run_pks)
+        return queryset.filter(cond), False
+
+    # ------------------------------------------------------------------ list columns
+
+    @admin.display(description="run id", ordering="cell__name")
+    def run_id(self, obj: Run) -> str:
+        return obj.cell.name
+
+    @admin.display(description="status", ordering="status")
+    def status_badge(self, obj: Run) -> str:
+        return status_badge(obj.status)
+
+    @admin.display(description="created", ordering="created_at")
+    def created(self, obj: Run) -> str:
+        return format_datetime(obj.created_at)
+
+    @admin.display(description="started")
+    def started(self, obj: Run) -> str:
+        return format_datetime(obj.started_at)
+
+    @admin.display(description="completed")
+    def completed(self, obj: Run) -> str:
+        return format_datetime(obj.completed_at)
+
+    @admin.display(description="updated")
+    def updated(self, obj: Run) -> str:
+        return format_datetime(obj.updated_at)
+
+    @admin.display(description="duration")
+    def duration(self, obj: Run) -> str:
+        ms, going = _run_duration_ms(obj, clock.now_ms())
+        if ms is None:
+            return "—"
+        if going:
+            return format_html('<span class="wc-rel">{} so far</span>', format_duration_ms(ms))
+        return format_duration_ms(ms)
+
+    @admin.display(description="spec version")
+    def spec_version_display(self, obj: Run) -> str:
+        if obj.spec_version is None:
+            return "—"
+        return str(int(obj.spec_version)) if float(obj.spec_version).is_integer() else str(obj.spec_version)
+
+    @admin.display(description="records")
+    def record_counts(self, obj: Run) -> str:
+        counts = getattr(obj, "wc_counts", None)
+        if counts is None:
+            return "—"
+        return format_html(
+            "{} events · {} steps · {} live hooks of {} created",
+            f"{obj.cell.event_sequence:,}", f"{counts['steps']:,}", f"{counts['live_hooks']:,}", f"{counts['hooks']:,}",
+        )
+
+    @admin.display(description="input")
+    def input_display(self, obj: Run) -> str:
+        return display.render_payload(display.stored_text(obj, "input"))
+
+    @admin.display(description="output")
+    def output_display(self, obj: Run) -> str:
+        return display.render_payload(display.stored_text(obj, "output"))
+
+    @admin.display(description="error")
+    def error_display(self, obj: Run) -> str:
+        return display.render_payload(display.stored_text(obj, "error"))
+
+    @admin.display(description="execution context")
+    def execution_context_display(self, obj: Run) -> str:
+        return display.render_payload(display.stored_text(obj, "execution_context"))
+
+    # ------------------------------------------------------------------ the run page
+
+    def render_change_form(self, request, context, add=False, change=False, form_url="", obj=None):
+        if obj is not None:
+            context.update(self._run_sections(request, obj))
+            context["title"] = f"Run {obj.cell.name}"
+            context["subtitle"] = None
+            context["can_cancel"] = self.has_cancel_permission(request) and obj.status not in TERMINAL_RUN_STATUSES
+        return super().render_change_form(request, context, add, change, form_url, obj)
+
+    def _run_sections(self, request, run: Run) -> dict[str, Any]:
+        """Context of the run page: steps, timeline, hooks and streams (one page each)."""
+        run_id = run.cell.name
+        now_ms = clock.now_ms()
+        created_ms = codec.epoch_ms(run.created_at)
+        page_url = reverse("admin:cells_run_change", args=[run.pk])
+
+        # steps: one page by creation order (the listSteps order), payloads as previews
+        steps_after = request.GET.get("steps_after") or ""
+        steps_qs = (
+            Step.objects.filter(run=run)
+            .defer(*STEP_PAYLOADS)
+            .annotate(**display.payload_annotations("error", head=display.INLINE_HEAD_CHARS))
+            .order_by("sort_key")
+        )
+        if steps_after:
+            steps_qs = steps_qs.filter(sort_key__gt=steps_after)
+        steps = list(steps_qs[: STEPS_PER_PAGE + 1])
+        more_steps = len(steps) > STEPS_PER_PAGE
+        steps = steps[:STEPS_PER_PAGE]
+        step_url = reverse("admin:cells_run_step", args=[run.pk])
+        step_rows = [
+            {
+                "step": s,
+                "url": f"{step_url}?{urlencode({'id': s.step_id})}",
+                "status": status_badge(s.status),
+                "created": format_datetime(s.created_at),
+                "started": format_datetime(s.started_at),
+                "completed": format_datetime(s.completed_at),
+                "retry_after": format_datetime(s.retry_after, now_ms=now_ms, relative=True) if s.retry_after else "",
+                "duration": format_duration_ms(
+                    codec.epoch_ms(s.completed_at) - codec.epoch_ms(s.started_at)
+                ) if s.completed_at and s.started_at else "",
+                "error": _error_line(display.stored_text(s, "error")),
+            }
+            for s in steps
+        ]
+
+        # counts: steps and hooks in one query each (events come from the cell's counter)
+        counts = {
+            "steps": Step.objects.filter(run=run).count(),
+            "hooks": HookMarker.objects.filter(run=run).count(),
+        }
+
+        # hooks: the live ones (released/disposed hooks are gone; their events stay in the log)
+        hooks = list(
+            Hook.objects.filter(run=run)
+            .defer("metadata")
+            .annotate(**display.payload_annotations("metadata", head=display.INLINE_HEAD_CHARS))
+            .order_by("sort_key")[:HOOKS_SHOWN]
+        )
+        counts["live_hooks"] = len(hooks)
+        run.wc_counts = counts
+        live_hook_ids = {h.hook_id for h in hooks}
+        hook_rows = [
+            {
+                "hook": h,
+                "anchor": f"hook-{h.pk}",
+                "created": format_datetime(h.created_at),
+                "metadata": display.render_payload(display.stored_text(h, "metadata"), inline=True),
+            }
+            for h in hooks
+        ]
+        hook_anchor = {h.hook_id: f"hook-{h.pk}" for h in hooks}
+
+        # the event log: one page in log order, eventData previews from the head of each body
+        events_after = request.GET.get("events_after") or ""
+        events_qs = (
+            Event.objects.filter(run=run)
+            .defer("body")
+            .annotate(**display.payload_annotations("body", head=display.INLINE_HEAD_CHARS))
+            .order_by("event_id")
+        )
+        if events_after:
+            events_qs = events_qs.filter(event_id__gt=events_after)
+        events = list(events_qs[: EVENTS_PER_PAGE + 1])
+        more_events = len(events) > EVENTS_PER_PAGE
+        events = events[:EVENTS_PER_PAGE]
+        event_rows = []
+        for e in events:
+            family = _event_family(e.event_type)
+            link = None
+            note = ""
+            if e.correlation_id:
+                if family == "step":
+                    link = f"{step_url}?{urlencode({'id': e.correlation_id})}"
+                elif family == "hook":
+                    if e.correlation_id in live_hook_ids:
+                        link = f"#{hook_anchor[e.correlation_id]}"
+                    else:
+                        note = "hook no longer live"
+            event_rows.append(
+                {
+                    "event": e,
+                    "family": family,
+                    "url": reverse("admin:cells_run_event", args=[run.pk, e.event_id]),
+                    "time": format_datetime(e.created_at),
+                    "offset": "+" + format_duration_ms(codec.epoch_ms(e.created_at) - created_ms),
+                    "link": link,
+                    "note": note,
+                    "preview": _event_data_preview(display.stored_text(e, "body")),
+                }
+            )
+
+        return {
+            "run_id": run_id,
+            "step_rows": step_rows,
+            "steps_total": counts["steps"],
+            "steps_after": steps_after,
+            "next_steps_url": f"{page_url}?{urlencode({'steps_after': steps[-1].sort_key})}#steps" if more_steps else None,
+            "hook_rows": hook_rows,
+            "hooks_total": counts["hooks"],
+            "event_rows": event_rows,
+            "events_total": run.cell.event_sequence,
+            "events_after": events_after,
+            "next_events_url": (
+                f"{page_url}?{urlencode({'events_after': events[-1].event_id})}#timeline" if more_events else None
+            ),
+            "page_url": page_url,
+            "stream_rows": self._stream_rows(run_id),
+            "run_created_iso": codec.format_iso(run.created_at),
+        }
+
+    def _stream_rows(self, run_id: str) -> list[dict[str, Any]]:
+        """The run's streams: registry ``run-streams:<runId>`` -> ``stream:<name>`` rows -> first/last chunks."""
+        names = list(
+            StreamRegistration.objects.filter(cell=f"run-streams:{run_id}")
+            .order_by("name")
+            .values_list("name", flat=True)[:STREAMS_SHOWN]
+        )
+        if not names:
+            return []
+        streams = {s.name: s for s in Stream.objects.filter(name__in=[f"stream:{n}" for n in names])}
+        wanted = Q()
+        for s in streams.values():
+            if s.count > 0:
+                wanted |= Q(stream_id=s.pk, index=0) | Q(stream_id=s.pk, index=s.count - 1)
+        chunks: dict[tuple[int, int], StreamChunk] = {}
+        if wanted:
+            rows = (
+                StreamChunk.objects.filter(wanted)
+                .defer("data", "value")
+                .annotate(
+                    **display.binary_annotations("data", head=CHUNK_PREVIEW_BYTES),
+                    **display.payload_annotations("value", head=display.INLINE_HEAD_CHARS),
+                )
+            )
+            chunks = {(c.stream_id, c.index): c for c in rows}
+        out = []
+        for name in names:
+            stream = streams.get(f"stream:{name}")
+            row: dict[str, Any] = {"name": name, "stream": stream}
+            if stream is not None and stream.count > 0:
+                row["first"] = self._chunk_preview(chunks.get((stream.pk, 0)))
+                if stream.count > 1:
+                    row["last"] = self._chunk_preview(chunks.get((stream.pk, stream.count - 1)))
+            if stream is not None:
+                row["state"] = status_badge("closed" if stream.closed else "open")
+                row["updated"] = format_datetime(stream.updated_at)
+            out.append(row)
+        return out
+
+    @staticmethod
+    def _chunk_preview(chunk: StreamChunk | None) -> str:
+        if chunk is None:
+            return "—"
+        head = getattr(chunk, "pv_data_head", None)
+        if head is not None:
+            return display.render_bytes(bytes(head), chunk.pv_data_size)
+        return display.render_payload(display.stored_text(chunk, "value"), inline=True)
+
+    # ------------------------------------------------------------------ step and event pages
+
+    def get_urls(self):
+        info = self.opts.app_label, self.opts.model_name
+        wrap = self.admin_site.admin_view
+        return [
+            path("by-id/<path:run_id>/", wrap(self.by_id_view), name="%s_%s_by_id" % info),
+            path("<int:object_id>/cancel/", wrap(self.cancel_view), name="%s_%s_cancel" % info),
+            path("<int:object_id>/step/", wrap(self.step_view), name="%s_%s_step" % info),
+            path("<int:object_id>/event/<str:event_id>/", wrap(self.event_view), name="%s_%s_event" % info),
+        ] + super().get_urls()
+
+    def _run_or_404(self, request, object_id) -> Run:
+        if not self.has_view_permission(request):
+            raise PermissionDenied
+        return get_object_or_404(self.get_queryset(request), pk=object_id)
+
+    def by_id_view(self, request, run_id: str):
+        """``/admin/cells/run/by-id/<runId>/`` -> the run page (for links from other pages)."""
+        run = self._run_or_404_by_name(request, run_id)
+        return HttpResponseRedirect(reverse("admin:cells_run_change", args=[run.pk]))
+
+    def _run_or_404_by_name(self, request, run_id: str) -> Run:
+        if not self.has_view_permission(request):
+            raise PermissionDenied
+        if "\x00" in run_id:
+            raise Http404
+        return get_object_or_404(self.get_queryset(request), cell__name=run_id)
+
+    def _page_context(self, request, run: Run, title: str) -> dict[str, Any]:
+        return {
+            **self.admin_site.each_context(request),
+            "opts": self.opts,
+            "run": run,
+            "run_id": run.cell.name,
+            "run_url": reverse("admin:cells_run_change", args=[run.pk]),
+            "title": title,
+            "subtitle": None,
+        }
+
+    def step_view(self, request, object_id: int):
+        """One step: its summary, decoded input/output/error, and its events."""
+        run = self._run_or_404(request, object_id)
+        step_id = request.GET.get("id")
+        if step_id is None or "\x00" in step_id:
+            raise Http404("no step id")
+        annotations: dict[str, Any] = {}
+        for name in STEP_PAYLOADS:
+            annotations.update(display.payload_annotations(name))
+        step = Step.objects.filter(run=run, step_id=step_id).defer(*STEP_PAYLOADS).annotate(**annotations).first()
+        if step is None:
+            raise Http404("no such step")
+        now_ms = clock.now_ms()
+        events = list(
+            Event.objects.filter(run=run, correlation_id=step_id)
+            .defer("body")
+            .annotate(**display.payload_annotations("body", head=display.INLINE_HEAD_CHARS))
+            .order_by("event_id")[:STEP_EVENTS_SHOWN]
+        )
+        context = self._page_context(request, run, f"Step {step_id}")
+        context.update(
+            step=step,
+            status=status_badge(step.status),
+            times=[
+                ("created", format_datetime(step.created_at)),
+                ("started (first attempt)", format_datetime(step.started_at)),
+                ("completed", format_datetime(step.completed_at)),
+                ("updated", format_datetime(step.updated_at)),
+                ("retry after", format_datetime(step.retry_after, now_ms=now_ms, relative=True)),
+            ],
+            payloads=[
+                ("input", display.render_payload(display.stored_text(step, "input"))),
+                ("output", display.render_payload(display.stored_text(step, "output"))),
+                ("error", display.render_payload(display.stored_text(step, "error"))),
+            ],
+            event_rows=[
+                {
+                    "event": e,
+                    "family": _event_family(e.event_type),
+                    "url": reverse("admin:cells_run_event", args=[run.pk, e.event_id]),
+                    "time": format_datetime(e.created_at),
+                    "preview": _event_data_preview(display.stored_text(e, "body")),
+                }
+                for e in events
+            ],
+        )
+        return TemplateResponse(request, "admin/cells/run/step.html", context)
+
+    def event_view(self, request, object_id: int, event_id: str):
+        """One event of the log, decoded in full (bounded)."""
+        run = self._run_or_404(request, object_id)
+        event = (
+            Event.objects.filter(run=run, event_id=event_id)
+            .defer("body")
+            .annotate(**display.payload_annotations("body"))
+            .first()
+        )
+        if event is None:
+            raise Http404("no such event")
+        context = self._page_context(request, run, f"Event {event.event_id}")
+        step_link = None
+        if event.correlation_id and _event_family(event.event_type) == "step":
+            step_link = reverse("admin:cells_run_step", args=[run.pk]) + "?" + urlencode({"id": event.correlation_id})
+        context.update(
+            event=event,
+            family=_event_family(event.event_type),
+            time=format_datetime(event.created_at),
+            body=display.render_payload(display.stored_text(event, "body")),
+            step_link=step_link,
+        )
+        return TemplateResponse(request, "admin/cells/run/event.html", context)
+
+    # ------------------------------------------------------------------ cancel
+
+    def has_cancel_permission(self, request) -> bool:
+        """``cells.cancel_run`` (superusers have it)."""
+        return request.user.is_active and request.user.has_perm("cells.cancel_run")
+
+    @admin.action(description="Cancel selected runs…", permissions=["cancel"])
+    def cancel_selected_runs(self, request, queryset):
+        """Changelist action: a confirmation page, then ``cancel_run`` for each selected run."""
+        runs = list(queryset.order_by()[: CANCEL_MAX_RUNS + 1])
+        if len(runs) > CANCEL_MAX_RUNS:
+            self.message_user(
+                request,
+                f"Refused: more than {CANCEL_MAX_RUNS} runs selected. Narrow the list with filters first.",
+                messages.ERROR,
+            )
+            return None
+        if request.POST.get("post") != "yes":
+            return self._cancel_confirmation(request, runs, action=True)
+        self._cancel(request, runs)
+        return None
+
+    def cancel_view(self, request, object_id: int):
+        """``<run>/cancel/``: GET asks for confirmation, POST cancels the run."""
+        if not self.has_cancel_permission(request):
+            raise PermissionDenied
+        run = self._run_or_404(request, object_id)
+        if request.method == "POST" and request.POST.get("post") == "yes":
+            self._cancel(request, [run])
+            return HttpResponseRedirect(reverse("admin:cells_run_change", args=[run.pk]))
+        return self._cancel_confirmation(request, [run], action=False)
+
+    def _cancel_confirmation(self, request, runs: list[Run], *, action: bool):
+        context = {
+            **self.admin_site.each_context(request),
+            "opts": self.opts,
+            "title": "Cancel runs?" if len(runs) != 1 else f"Cancel run {runs[0].cell.name}?",
+            "subtitle": None,
+            "runs": [
+                {
+                    "run": r,
+                    "url": reverse("admin:cells_run_change", args=[r.pk]),
+                    "status": status_badge(r.status),
+                    "terminal": r.status in TERMINAL_RUN_STATUSES,
+                }
+                for r in runs
+            ],
+            "action": action,
+            "action_checkbox_name": helpers.ACTION_CHECKBOX_NAME,
+        }
+        return TemplateResponse(request, "admin/cells/run/cancel_confirmation.html", context)
+
+    def _cancel(self, request, runs: list[Run]) -> list[CancelResult]:
+        """Cancel each run, report per run, and record every attempt in the admin log."""
+        results = []
+        entries = []
+        by_id = {r.cell.name: r for r in runs}
+        for run in runs:
+            result = cancel_run(run.cell.name)
+            results.append(result)
+            if result.cancelled:
+                hooks = ", ".join(h["hookId"] for h in result.released_hooks) or "none"
+                text = f"Cancelled with event {result.event_id} (released hooks: {hooks})"
+                if result.index_error:
+                    text += f"; index update failed: {result.index_error}"
+            else:
+                text = f"Cancel refused: {result.message}"
+            entries.append((by_id[result.run_id], text))
+        for run, text in entries:
+            LogEntry.objects.log_actions(
+                user_id=request.user.pk, queryset=[run], action_flag=CHANGE, change_message=text, single_object=True
+            )
+        done = [r for r in results if r.cancelled]
+        refused = [r for r in results if not r.cancelled]
+        if done:
+            released = sum(len(r.released_hooks) for r in done)
+            self.message_user(
+                request,
+                f"Cancelled {len(done)} run{'s' if len(done) != 1 else ''} "
+                f"({released} hook{'s' if released != 1 else ''} released and un-indexed).",
+                messages.SUCCESS,
+            )
+        for r in done:
+            if r.index_error:
+                self.message_user(
+                    request,
+                    f"{r.run_id}: cancelled, but the index update failed ({r.index_error}); "
+                    "runs.list may still show the old status.",
+                    messages.WARNING,
+                )
+        if refused:
+            lines = "; ".join(f"{r.run_id}: {r.message}" for r in refused[:20])
+            more = f" (and {len(refused) - 20} more)" if len(refused) > 20 else ""
+            self.message_user(
+                request,
+                f"Could not cancel {len(refused)} run{'s' if len(refused) != 1 else ''}: {lines}{more}",
+                messages.WARNING if done else messages.ERROR,
+            )
+        return results
+
+
+admin.site.register(Run, RunAdmin)
