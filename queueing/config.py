@@ -42,7 +42,10 @@ MAX_EPOCH_MS = 9_999_999_999_999
 _MAX_SETTING = 2**31 - 1
 
 # StrWhiteSpaceChar of ECMA-262: WhiteSpace (incl. U+FEFF and every Zs) and LineTerminator.
-_JS_WHITESPACE = "\t\n\v\f\r \u00a0\u1680\u2000\u2001\u2002\u2003\u2004\u2005\u2006\u2007\u2008\u2009\u200a\u2028\u2029\u202f\u205f\u3000\ufeff"
+_JS_WHITESPACE = (
+    "\t\n\v\f\r \u00a0\u1680\u2000\u2001\u2002\u2003\u2004\u2005\u2006\u2007\u2008\u2009\u200a"
+    "\u2028\u2029\u202f\u205f\u3000\ufeff"
+)
 _LEADING_INT = re.compile(r"[+-]?[0-9]+")
 
 

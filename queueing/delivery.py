@@ -29,8 +29,6 @@ from typing import Callable
 
 import httpx
 
-from worldcell import clock
-
 from . import config, machine
 from .machine import Claim, DeliveryRow
 
@@ -140,13 +138,17 @@ def _header(value: str) -> bytes:
         raise ValueError(f"TypeError: header value {value[:40]!r} is not a ByteString") from None
 
 
+def _reject_constant(name: str) -> None:
+    raise ValueError(f"{name} is not JSON")  # JSON.parse rejects NaN / Infinity
+
+
 def _timeout_seconds(body: bytes) -> float | None:
     """``timeoutSeconds`` of a 503 body when it is JSON with a numeric member, else None."""
     text = body.decode("utf-8", "replace")
     if text.startswith("\ufeff"):
         text = text[1:]
     try:
-        parsed = json.loads(text, parse_constant=lambda name: (_ for _ in ()).throw(ValueError(name)))
+        parsed = json.loads(text, parse_constant=_reject_constant)
     except ValueError:
         return None
     if not isinstance(parsed, dict):

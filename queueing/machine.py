@@ -23,7 +23,13 @@ Rules every function here follows:
   apply an outcome twice or touch a newer claim;
 * nothing here does network I/O; wake-ups of the driver (Celery or the
   in-process pump) are registered with ``transaction.on_commit`` so they
-  happen only once the transition is durable (DESIGN.md rules 3 and 6).
+  happen only once the transition is durable (DESIGN.md rules 3 and 6);
+* every transaction that held a cell's lock wakes the cell on commit when
+  work is due, so a wake-up that finds the cell locked may simply skip it
+  (``SKIP LOCKED``) — the lock holder will wake it again;
+* a delivery's outcome transaction may run the claim phase itself
+  (``claim_next``) so a freed in-flight slot is refilled at once (§12 A14);
+  while every slot is busy, alarm firings are skipped instead of polling.
 
 The one statement that runs without the cell lock is ``start_delivery``: a
 single-row compare-and-set (``UPDATE … RETURNING``) that marks "the POST of
@@ -39,7 +45,7 @@ from dataclasses import dataclass
 from typing import Any, Callable, Iterable
 
 from django.db import IntegrityError, connection, transaction
-from django.db.models import Count, F, Min, OuterRef, Q, Subquery, Value
+from django.db.models import Count, Min, OuterRef, Q, Subquery, Value
 from django.db.models.functions import Coalesce
 
 from worldcell import clock, codec
@@ -76,9 +82,6 @@ __all__ = [
     "schedule_next_alarm",
     "start_delivery",
 ]
-
-#: Outcomes of a delivery (``apply_outcome`` ``kind``), PROTOCOL.md §7.6.
-OUTCOME_KINDS = ("ack", "drop", "redeliver", "retry")
 
 Dispatch = Callable[[list["Claim"]], None]
 
@@ -448,11 +451,12 @@ def fire_cell_alarm(
 
     Steps: (1) one unlocked read skips cells whose alarm is not due (keeping
     a countdown wake-up coming for a near alarm) and cells whose in-flight
-    slots are all busy with unexpired claims; (2) one transaction locks the cell — with
-    ``skip_locked`` it gives up when another transaction holds the lock (every
-    lock holder wakes the cell again on commit) — reads ``now`` (unless given),
-    re-checks the alarm and runs ``claim_due_messages``; (3) on commit,
-    ``dispatch(claims)`` and a countdown wake-up for the next alarm.
+    slots are all busy with unexpired claims; (2) one transaction locks the
+    cell — with ``skip_locked`` it gives up when another transaction holds
+    the lock (every lock holder wakes the cell again on commit) — reads
+    ``now`` (unless given), re-checks the alarm and runs
+    ``claim_due_messages``; (3) on commit, ``dispatch(claims)`` and a
+    countdown wake-up for the next alarm.
     Returns the claims (empty when nothing was due or claimable).
     """
     fixed_now = now

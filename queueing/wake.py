@@ -8,10 +8,12 @@ second) or the pump's tick (every 25 ms) fires every due alarm anyway.
 * ``wake_cell(name, at_ms=None)`` — the one function the rest of the code calls.
 * ``after_transition`` / ``after_fire`` — what the state machine registers with
   ``transaction.on_commit`` after a transition: an immediate wake when work is
-  due now (enqueue, freed in-flight slot, 503 ``timeoutSeconds: 0``), a Celery
-  ``countdown`` wake for work due within ``COUNTDOWN_WAKE_MAX_MS``, nothing
-  for later work (beat covers it; the due time lives in the database, never
-  in a long Celery ETA).
+  due now (enqueue, redrive, rearm, any transaction that held the cell's
+  lock while work was due), a Celery ``countdown`` wake for work due within
+  ``COUNTDOWN_WAKE_MAX_MS`` (retry backoffs, short delays), nothing for later
+  work (beat covers it; the due time lives in the database, never in a long
+  Celery ETA). A delivery refills its own freed in-flight slot in its outcome
+  transaction, so a busy cell needs no wake-ups at all.
 * ``register_pump`` / ``current_pump`` — the process's ``LocalPump``, if any.
 """
 from __future__ import annotations
