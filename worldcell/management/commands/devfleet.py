@@ -107,6 +107,9 @@ class Command(BaseCommand):
         def _terminate(signum, frame):
             raise KeyboardInterrupt()
 
+        # Install both explicitly: a fleet started in the background of a
+        # non-interactive shell inherits SIGINT as ignored.
+        signal.signal(signal.SIGINT, _terminate)
         signal.signal(signal.SIGTERM, _terminate)
         try:
             server.run()  # returns after KeyboardInterrupt, having stopped the HTTP threads
