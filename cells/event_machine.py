@@ -27,9 +27,10 @@ The steps, in the normative order of §5.5:
    the outcome is ``ok: true``.
 
 Guard failures are *returned* (``{"ok": false, "code", "message"}``, HTTP 200).
-Invalid input raises ``ValidationError`` (HTTP 400) and a dereferenced
-missing ``eventData`` raises ``TypeError`` (HTTP 500), both rolling back the
-whole call: no event id is consumed.
+Invalid input raises ``ValidationError`` (HTTP 400) and rolls back the whole
+call: no event id is consumed. That includes a missing ``eventData`` where
+the event type needs one, which upstream reports as a runtime ``TypeError``
+(HTTP 500): worldcell treats it as the bad input it is.
 
 Entities travel through this module as wire-shaped dicts (``runId``,
 ``createdAt``…) validated by ``cells.event_schemas``; rows are read and
@@ -41,7 +42,7 @@ from datetime import datetime
 from typing import Any
 
 from worldcell import codec
-from worldcell.errors import CellError, ValidationError
+from worldcell.errors import ValidationError
 
 from .event_schemas import (
     ABSENT,
@@ -211,7 +212,10 @@ class _EventMachine:
         self.cell = cell
         self.run_id = run_id
         self.data = data
-        self.event_type = data.get("eventType", ABSENT)
+        event_type = data.get("eventType", ABSENT)
+        # A non-string eventType (e.g. a list) matches no branch: it reaches the
+        # default branch and fails event validation there (400), or RUN_NOT_FOUND.
+        self.event_type = event_type if isinstance(event_type, str) or event_type is ABSENT else None
         self.correlation_id = data.get("correlationId", ABSENT)
         self.event_data = data.get("eventData", ABSENT)
         self.token_holder = token_holder
@@ -352,9 +356,16 @@ class _EventMachine:
         return success(event=self._append(self.data))
 
     def _required_data(self, name: str) -> Any:
-        """``data.eventData[name]``; a missing eventData is upstream's TypeError (500)."""
-        if self.event_data is ABSENT:  # upstream dereferences it before validating (§5.8)
-            raise CellError(f"Cannot read properties of undefined (reading '{name}')", name="TypeError")
+        """``data.eventData[name]``.
+
+        Raises ValidationError (400) when ``eventData`` is missing; upstream
+        dereferences it before validating and answers 500 ``TypeError`` (§5.8).
+        """
+        if self.event_data is ABSENT:
+            raise ValidationError(
+                f"data.eventData: required for {self.event_type} "
+                f"(cannot read properties of undefined (reading '{name}'))"
+            )
         return member(self.event_data, name)
 
     def _run_created(self) -> dict[str, Any]:

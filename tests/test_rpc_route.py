@@ -134,8 +134,7 @@ json_args = st.recursive(
                          "correlationId", "eventData", "sortOrder", "messageId", "config", "x"]), c, max_size=4)),
     max_leaves=12,
 )
-ALL_METHODS = [(b, m) for b, methods in dispatch.KNOWN_BINDINGS.items() for m in sorted(methods)
-               if m not in ("applyEvent", "enqueue")]
+ALL_METHODS = [(b, m) for b, methods in dispatch.KNOWN_BINDINGS.items() for m in sorted(methods)]
 
 
 @hsettings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
@@ -155,7 +154,7 @@ def test_it_never_answers_random_requests_with_a_500(rpc, parts, method, body, a
     json.loads(resp.content)
 
 
-@hsettings(max_examples=250, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@hsettings(max_examples=400, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(target=st.sampled_from(ALL_METHODS), args=st.lists(json_args, max_size=4))
 def test_it_never_answers_bad_arguments_with_a_500(rpc, target, args):
     binding, method = target
