@@ -42,6 +42,7 @@ INSTALLED_APPS = [
 ]
 
 MIDDLEWARE = [
+    "worldcell.middleware.RpcFastPathMiddleware",
     "worldcell.middleware.CollapseSlashesMiddleware",
     "django.middleware.security.SecurityMiddleware",
     "django.contrib.sessions.middleware.SessionMiddleware",
@@ -122,6 +123,10 @@ CELERY_BEAT_SCHEDULE = {
 # When false (the embedded dev fleet, tests without a broker) nothing is sent
 # to Celery: an in-process pump drives the same services.
 WORLDCELL_USE_CELERY = env.bool("WORLDCELL_USE_CELERY", default=not IS_SQLITE)
+
+# Serve /v1/health and /v1/rpc straight from worldcell.rpc.handle, skipping the
+# admin's middleware and ninja's operation layer (same answers, less CPU).
+WORLDCELL_RPC_FAST_PATH = env.bool("WORLDCELL_RPC_FAST_PATH", default=True)
 
 # --- Request bodies -----------------------------------------------------------
 # The RPC route enforces its own 32 MiB cap while streaming (PROTOCOL.md §2.2).
