@@ -127,7 +127,7 @@ def _event_data_preview(stored: display.StoredText) -> str:
 class RunAdmin(OperatorModelAdmin):
     """Runs: the list, the run page, and "Cancel run" (see the module docstring)."""
 
-    list_display = ("run_id", "workflow_name", "status_badge", "deployment_id", "created", "duration")
+    list_display = ("run_id", "workflow_name", "status_badge", "deployment", "created", "duration")
     list_display_links = ("run_id",)
     list_filter = (
         "status",
@@ -144,37 +144,15 @@ class RunAdmin(OperatorModelAdmin):
     actions = ("cancel_selected_runs",)
     change_form_template = "admin/cells/run/change_form.html"
     fieldsets = (
-        (
-            None,
-            {
-                "fields": (
-                    "run_id",
-                    "status_badge",
-                    "workflow_name",
-                    "deployment_id",
-                    "spec_version_display",
-                    "created",
-                    "started",
-                    "completed",
-                    "updated",
-                    "duration",
-                    "record_counts",
-                )
-            },
-        ),
+        (None, {"fields": ("run_id", "status_summary", "workflow_name", "deployment_summary", "times", "record_counts")}),
         ("Payloads", {"fields": ("input_display", "output_display", "error_display", "execution_context_display")}),
     )
     readonly_fields = (
         "run_id",
-        "status_badge",
+        "status_summary",
         "workflow_name",
-        "deployment_id",
-        "spec_version_display",
-        "created",
-        "started",
-        "completed",
-        "updated",
-        "duration",
+        "deployment_summary",
+        "times",
         "record_counts",
         "input_display",
         "output_display",
@@ -228,21 +206,13 @@ class RunAdmin(OperatorModelAdmin):
     def status_badge(self, obj: Run) -> str:
         return status_badge(obj.status)
 
+    @admin.display(description="deployment", ordering="deployment_id")
+    def deployment(self, obj: Run) -> str:
+        return obj.deployment_id
+
     @admin.display(description="created", ordering="created_at")
     def created(self, obj: Run) -> str:
         return format_datetime(obj.created_at)
-
-    @admin.display(description="started")
-    def started(self, obj: Run) -> str:
-        return format_datetime(obj.started_at)
-
-    @admin.display(description="completed")
-    def completed(self, obj: Run) -> str:
-        return format_datetime(obj.completed_at)
-
-    @admin.display(description="updated")
-    def updated(self, obj: Run) -> str:
-        return format_datetime(obj.updated_at)
 
     @admin.display(description="duration")
     def duration(self, obj: Run) -> str:
@@ -250,14 +220,34 @@ class RunAdmin(OperatorModelAdmin):
         if ms is None:
             return "—"
         if going:
-            return format_html('<span class="wc-rel">{} so far</span>', format_duration_ms(ms))
+            return format_html('<span class="wc-rel" title="still {}: time so far">≥ {}</span>', obj.status, format_duration_ms(ms))
         return format_duration_ms(ms)
 
-    @admin.display(description="spec version")
-    def spec_version_display(self, obj: Run) -> str:
-        if obj.spec_version is None:
-            return "—"
-        return str(int(obj.spec_version)) if float(obj.spec_version).is_integer() else str(obj.spec_version)
+    @admin.display(description="status")
+    def status_summary(self, obj: Run) -> str:
+        ms, going = _run_duration_ms(obj, clock.now_ms())
+        if ms is None:
+            return status_badge(obj.status)
+        took = f"{format_duration_ms(ms)} so far" if going else f"took {format_duration_ms(ms)}"
+        return format_html('{} <span class="wc-rel">{}</span>', status_badge(obj.status), took)
+
+    @admin.display(description="deployment")
+    def deployment_summary(self, obj: Run) -> str:
+        version = "—" if obj.spec_version is None else (
+            str(int(obj.spec_version)) if float(obj.spec_version).is_integer() else str(obj.spec_version)
+        )
+        return format_html('{} <span class="wc-rel">· spec version {}</span>', obj.deployment_id, version)
+
+    @admin.display(description="times (UTC)")
+    def times(self, obj: Run) -> str:
+        day = obj.created_at
+        return format_html(
+            "created {} · started {} · completed {} · updated {}",
+            format_datetime(obj.created_at),
+            format_datetime(obj.started_at, same_day_as=day),
+            format_datetime(obj.completed_at, same_day_as=day),
+            format_datetime(obj.updated_at, same_day_as=day),
+        )
 
     @admin.display(description="records")
     def record_counts(self, obj: Run) -> str:
@@ -279,7 +269,7 @@ class RunAdmin(OperatorModelAdmin):
 
     @admin.display(description="error")
     def error_display(self, obj: Run) -> str:
-        return display.render_payload(display.stored_text(obj, "error"))
+        return display.render_structured_error(display.stored_text(obj, "error"))
 
     @admin.display(description="execution context")
     def execution_context_display(self, obj: Run) -> str:
@@ -321,9 +311,8 @@ class RunAdmin(OperatorModelAdmin):
                 "step": s,
                 "url": f"{step_url}?{urlencode({'id': s.step_id})}",
                 "status": status_badge(s.status),
-                "created": format_datetime(s.created_at),
-                "started": format_datetime(s.started_at),
-                "completed": format_datetime(s.completed_at),
+                "started": format_datetime(s.started_at, same_day_as=run.created_at),
+                "completed": format_datetime(s.completed_at, same_day_as=run.created_at),
                 "retry_after": format_datetime(s.retry_after, now_ms=now_ms, relative=True) if s.retry_after else "",
                 "duration": format_duration_ms(
                     codec.epoch_ms(s.completed_at) - codec.epoch_ms(s.started_at)
@@ -353,7 +342,7 @@ class RunAdmin(OperatorModelAdmin):
             {
                 "hook": h,
                 "anchor": f"hook-{h.pk}",
-                "created": format_datetime(h.created_at),
+                "created": format_datetime(h.created_at, same_day_as=run.created_at),
                 "metadata": display.render_payload(display.stored_text(h, "metadata"), inline=True),
             }
             for h in hooks
@@ -391,7 +380,7 @@ class RunAdmin(OperatorModelAdmin):
                     "event": e,
                     "family": family,
                     "url": reverse("admin:cells_run_event", args=[run.pk, e.event_id]),
-                    "time": format_datetime(e.created_at),
+                    "time": format_datetime(e.created_at, same_day_as=run.created_at),
                     "offset": "+" + format_duration_ms(codec.epoch_ms(e.created_at) - created_ms),
                     "link": link,
                     "note": note,
@@ -539,7 +528,7 @@ class RunAdmin(OperatorModelAdmin):
             payloads=[
                 ("input", display.render_payload(display.stored_text(step, "input"))),
                 ("output", display.render_payload(display.stored_text(step, "output"))),
-                ("error", display.render_payload(display.stored_text(step, "error"))),
+                ("error", display.render_structured_error(display.stored_text(step, "error"))),
             ],
             event_rows=[
                 {

@@ -45,6 +45,8 @@ from .service import QueueCell as QueueCellService
 
 #: Dead letters one redrive/purge request may touch.
 ACTION_MAX_ROWS = 1000
+#: Visible characters of a body preview in a list.
+LIST_PREVIEW_CHARS = 120
 #: Rows of each list on a queue cell's page.
 CELL_PAGE_ROWS = 20
 #: An alarm or due message this late (ms) means no driver is firing the cell: shown in red.
@@ -280,8 +282,7 @@ class MessageAdmin(OperatorModelAdmin):
     """Live queue messages, read-only: what is due, what is in flight, why deliveries fail."""
 
     list_display = (
-        "message_id", "cell", "state_badge", "queue_name", "pathname", "attempt", "deliveries",
-        "last_status", "last_error_short", "due", "claim_deadline", "body_preview",
+        "message_id", "cell", "state_badge", "queue_name", "attempt", "last_error_short", "next_event", "body_preview",
     )
     list_filter = ("cell", StateFilter, "pathname")
     search_fields = ("message_id",)  # shows the search box; the search itself is get_search_results
@@ -327,11 +328,22 @@ class MessageAdmin(OperatorModelAdmin):
 
     @admin.display(description="last error")
     def last_error_short(self, obj: Message) -> str:
+        if obj.last_error is None and obj.last_status is not None:
+            return f"HTTP {obj.last_status}"
         return _error_cell(obj.last_error)
 
     @admin.display(description="due", ordering="due_at")
     def due(self, obj: Message) -> str:
         return format_epoch_ms(obj.due_at)
+
+    @admin.display(description="due / claim deadline", ordering="due_at")
+    def next_event(self, obj: Message) -> str:
+        """When the message is due (pending) or when its claim expires (in flight)."""
+        if obj.inflight_deadline is not None:
+            return format_html("claim until {}", format_epoch_ms(obj.inflight_deadline, late_after_ms=0))
+        if obj.due_at is not None:
+            return format_html("due {}", format_epoch_ms(obj.due_at))
+        return "—"
 
     @admin.display(description="claim deadline", ordering="inflight_deadline")
     def claim_deadline(self, obj: Message) -> str:
@@ -355,7 +367,7 @@ class MessageAdmin(OperatorModelAdmin):
 
     @admin.display(description="body")
     def body_preview(self, obj: Message) -> str:
-        return display.render_queue_body(display.stored_text(obj, "body"), inline=True)
+        return display.render_queue_body(display.stored_text(obj, "body"), inline=True, budget=LIST_PREVIEW_CHARS)
 
     @admin.display(description="body")
     def body_display(self, obj: Message) -> str:
@@ -430,7 +442,7 @@ class DeadLetterAdmin(OperatorModelAdmin):
 
     @admin.display(description="body")
     def body_preview(self, obj: DeadLetter) -> str:
-        return display.render_queue_body(display.stored_text(obj, "body"), inline=True)
+        return display.render_queue_body(display.stored_text(obj, "body"), inline=True, budget=LIST_PREVIEW_CHARS)
 
     @admin.display(description="body")
     def body_display(self, obj: DeadLetter) -> str:

@@ -149,3 +149,17 @@ def test_it_parses_complete_codec_text_like_the_codec(value):
         return  # a bare scalar is only known to be complete when the size says so
     parsed, complete = display.parse_json_prefix(text)
     assert complete and parsed == codec.decode(text)
+
+
+def test_it_shows_a_structured_error_as_code_message_and_stack_lines():
+    stored = codec.encode({"message": "Card <declined>", "code": "E_CARD", "stack": "Error: x\n    at charge (a.ts:1:2)"})
+    rendered = str(display.render_structured_error(stored))
+    assert '<code class="wc-code">E_CARD</code>' in rendered
+    assert '<span class="wc-errmsg">Card &lt;declined&gt;</span>' in rendered
+    assert '<pre class="wc-stack">Error: x\n    at charge (a.ts:1:2)</pre>' in rendered
+
+
+def test_it_falls_back_to_the_json_preview_for_errors_of_another_shape():
+    shown = text_of(display.render_structured_error(codec.encode({"message": "m", "extra": [1]})))
+    assert '"extra": [' in shown
+    assert text_of(display.render_structured_error(None)) == "absent"

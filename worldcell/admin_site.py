@@ -41,6 +41,8 @@ __all__ = [
 admin.site.site_header = "worldcell operator console"
 admin.site.site_title = "worldcell"
 admin.site.index_title = "Runs, queues and dead letters"
+# The run and queue tables are wide (long ids, times, payload previews): give them the whole width.
+admin.site.enable_nav_sidebar = False
 
 
 class CappedCountPaginator(Paginator):
@@ -77,6 +79,11 @@ class OperatorModelAdmin(admin.ModelAdmin):
     show_facets = admin.ShowFacets.NEVER
     list_per_page = 100
     list_max_show_all = 500
+
+    def changelist_view(self, request, extra_context=None):
+        """The list, titled with the model's plural name (not "Select run to view")."""
+        context = {"title": str(self.opts.verbose_name_plural).capitalize(), **(extra_context or {})}
+        return super().changelist_view(request, context)
 
     def has_view_permission(self, request, obj=None) -> bool:
         user = request.user
@@ -192,12 +199,20 @@ def _relative(delta_ms: int) -> str:
     return f"in {text}" if delta_ms > 0 else f"{text} ago"
 
 
-def format_datetime(value: datetime | None, *, now_ms: int | None = None, relative: bool = False) -> str:
-    """A datetime as ``2026-01-02 03:04:05.678`` (UTC, ISO in the tooltip), optionally with "(3 s ago)"."""
+def format_datetime(
+    value: datetime | None, *, now_ms: int | None = None, relative: bool = False, same_day_as: datetime | None = None
+) -> str:
+    """A datetime as ``2026-01-02 03:04:05.678`` (UTC; ISO in the tooltip), optionally with "(3 s ago)".
+
+    ``same_day_as``: when ``value`` falls on that UTC date, only the time of
+    day is shown (``03:04:05.678``) — for tables of one run's steps and events.
+    """
     if value is None:
         return "—"
     iso = codec.format_iso(value)
     text = iso.replace("T", " ").rstrip("Z")
+    if same_day_as is not None and codec.format_iso(same_day_as)[:10] == iso[:10]:
+        text = text[11:]
     if not relative:
         return format_html('<span class="wc-time" title="{}">{}</span>', iso, text)
     now_ms = clock.now_ms() if now_ms is None else now_ms

@@ -52,6 +52,7 @@ __all__ = [
     "render_bytes",
     "render_payload",
     "render_queue_body",
+    "render_structured_error",
     "render_value",
     "stored_text",
 ]
@@ -66,7 +67,7 @@ TAIL_CHARS = 8
 #: Visible characters a block preview may print before it is cut.
 BLOCK_BUDGET = 12_000
 #: Visible characters of a one-line preview.
-INLINE_BUDGET = 160
+INLINE_BUDGET = 220
 
 _BYTES_TAG_HEAD = '{"__type":"Uint8Array","data":"'
 _BYTES_TAG_END = '"}'
@@ -466,7 +467,7 @@ class _Renderer:
         self.budget = budget
         self.max_string = 120 if inline else 2_000
         self.max_items = 8 if inline else 200
-        self.max_depth = 4 if inline else 24
+        self.max_depth = 6 if inline else 24
         self.preview_bytes = 24 if inline else 96
         self.parts: list[str] = []
         self.used = 0
@@ -692,6 +693,40 @@ def render_payload(stored: StoredText | str | None, *, inline: bool = False, bud
     return _wrap(r.html(), inline, _size_note(stored, r.cut or not complete, inline))
 
 
+#: Characters of an error stack shown before it is cut.
+STACK_CHARS = 8_000
+
+
+def render_structured_error(stored: StoredText | str | None) -> SafeString:
+    """A stored StructuredError (``{message, stack?, code?}``, PROTOCOL.md §5.2) as people read errors.
+
+    The code and message on one line, the stack as real lines below; any
+    other value (upstream stores some errors verbatim) falls back to
+    ``render_payload``.
+    """
+    if stored is None or isinstance(stored, str):
+        stored = None if stored is None else StoredText.whole(stored)
+    if stored is None or not stored.complete:
+        return render_payload(stored)
+    try:
+        value = codec.decode(stored.head)
+    except ValueError:
+        return render_payload(stored)
+    if not (isinstance(value, dict) and isinstance(value.get("message"), str) and set(value) <= {"message", "stack", "code"}):
+        return render_payload(stored)
+    message = value["message"]
+    parts = [format_html('<div class="wc-errline">{}<span class="wc-errmsg">{}</span>{}</div>',
+                         format_html('<code class="wc-code">{}</code> ', value["code"]) if isinstance(value.get("code"), str) else "",
+                         message[:STACK_CHARS],
+                         format_html('<span class="wc-cut"> … (+{} chars)</span>', f"{len(message) - STACK_CHARS:,}") if len(message) > STACK_CHARS else "")]
+    stack = value.get("stack")
+    if isinstance(stack, str):
+        cut = format_html('<span class="wc-cut">\n… (+{} chars)</span>', f"{len(stack) - STACK_CHARS:,}") if len(stack) > STACK_CHARS else ""
+        parts.append(format_html('<pre class="wc-stack">{}{}</pre>', _LONE_SURROGATE.sub("\ufffd", stack[:STACK_CHARS]), cut))
+    parts.append(_size_note(stored, False, False))
+    return mark_safe("".join(str(p) for p in parts))
+
+
 def queue_body_value(stored: StoredText) -> tuple[Any, bool]:
     """The payload inside a stored queue body: ``(value, complete)``.
 
@@ -721,13 +756,13 @@ def _revive_tree(value: Any) -> Any:
     return value
 
 
-def render_queue_body(stored: StoredText | str | None, *, inline: bool = False) -> SafeString:
+def render_queue_body(stored: StoredText | str | None, *, inline: bool = False, budget: int | None = None) -> SafeString:
     """A stored queue message body rendered for reading (see ``queue_body_value``)."""
     if stored is None:
         return mark_safe('<span class="wc-absent">absent</span>')
     if isinstance(stored, str):
         stored = StoredText.whole(stored)
-    r = _Renderer(inline, INLINE_BUDGET if inline else BLOCK_BUDGET)
+    r = _Renderer(inline, budget or (INLINE_BUDGET if inline else BLOCK_BUDGET))
     try:
         value, complete = queue_body_value(stored)
     except ValueError:
