@@ -26,6 +26,7 @@ from urllib.parse import urlencode
 from django.contrib import admin, messages
 from django.contrib.admin import helpers
 from django.contrib.admin.models import CHANGE, LogEntry
+from django.contrib.contenttypes.models import ContentType
 from django.core.exceptions import PermissionDenied
 from django.db.models import Q
 from django.http import Http404, HttpResponseRedirect
@@ -335,7 +336,7 @@ class RunAdmin(OperatorModelAdmin):
             .annotate(**display.payload_annotations("metadata", head=display.INLINE_HEAD_CHARS))
             .order_by("sort_key")[:HOOKS_SHOWN]
         )
-        counts["live_hooks"] = len(hooks)
+        counts["live_hooks"] = len(hooks) if len(hooks) < HOOKS_SHOWN else Hook.objects.filter(run=run).count()
         run.wc_counts = counts
         live_hook_ids = {h.hook_id for h in hooks}
         hook_rows = [
@@ -635,10 +636,20 @@ class RunAdmin(OperatorModelAdmin):
             else:
                 text = f"Cancel refused: {result.message}"
             entries.append((by_id[result.run_id], text))
-        for run, text in entries:
-            LogEntry.objects.log_actions(
-                user_id=request.user.pk, queryset=[run], action_flag=CHANGE, change_message=text, single_object=True
-            )
+        content_type = ContentType.objects.get_for_model(Run)
+        LogEntry.objects.bulk_create(
+            [
+                LogEntry(
+                    user_id=request.user.pk,
+                    content_type=content_type,
+                    object_id=str(run.pk),
+                    object_repr=f"run {run.cell.name}"[:200],
+                    action_flag=CHANGE,
+                    change_message=text,
+                )
+                for run, text in entries
+            ]
+        )
         done = [r for r in results if r.cancelled]
         refused = [r for r in results if not r.cancelled]
         if done:

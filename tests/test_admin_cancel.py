@@ -71,7 +71,8 @@ def test_it_cancels_a_run_with_a_real_event_and_removes_its_hook_indexes(admin_c
     assert index_meta(f"run:wf-approve:{CREATED_MS13}:wrun_live")["status"] == "cancelled"
 
     entry = LogEntry.objects.get()
-    assert entry.object_id == str(run.pk) and entry.is_change()
+    assert entry.object_id == str(run.pk) and entry.is_change() and entry.object_repr == "run wrun_live"
+    assert entry.get_admin_url() == f"{RUNS}{run.pk}/change/"
     assert "wevt_z00000000000000000006" in entry.change_message and "hook_a, hook_b" in entry.change_message
 
 
