@@ -167,3 +167,19 @@ def test_it_never_answers_bad_arguments_with_a_500(rpc, target, args):
         # Only the upstream errors PROTOCOL.md §2.8 lists may be 500s.
         assert body["error"]["name"] in ("Error", "SyntaxError"), body
     assert b"Traceback" not in resp.content
+
+
+def test_it_reads_raw_non_ascii_name_bytes_as_utf8():
+    # gunicorn hands over raw request bytes decoded as latin-1 (PEP 3333)
+    raw = "日".encode("utf-8").decode("latin-1")
+    assert rpc_module.decode_cell_name(raw) == "日"
+    assert rpc_module.decode_cell_name("\xff\xfe") is None  # not UTF-8: 400
+
+
+def test_it_answers_head_requests_without_a_body(world_secret, rf):
+    # Called directly: Django's test client would strip a HEAD body by itself.
+    resp = rpc_module.handle(rf.head("/v1/health"))
+    assert resp.status_code == 200 and resp.content == b""
+    resp = rpc_module.handle(rf.head("/v1/rpc/runs/x/getRun"))
+    assert resp.status_code == 401 and resp.content == b""
+    assert rpc_module.handle(rf.get("/v1/health")).content == rpc_module.HEALTH_BODY

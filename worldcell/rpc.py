@@ -66,12 +66,20 @@ def raw_path(request: HttpRequest) -> str:
 def decode_cell_name(segment: str) -> str | None:
     """Percent-decode a name segment with ``decodeURIComponent`` semantics (§2.7).
 
-    Returns the decoded name, or None for a malformed escape or invalid UTF-8.
+    ``segment`` is the raw path segment as the WSGI server hands it over
+    (PEP 3333: request bytes decoded as latin-1), so raw non-ASCII bytes sent
+    without percent-encoding are taken back to bytes and read as UTF-8, the
+    way a WHATWG URL parser would. Returns the decoded name, or None for a
+    malformed escape or invalid UTF-8.
     """
     if _PERCENT_OK.search(segment):
         return None
     try:
-        return unquote_to_bytes(segment).decode("utf-8")
+        raw = segment.encode("latin-1")
+    except UnicodeEncodeError:  # not from a WSGI server: already text
+        raw = segment.encode("utf-8", "surrogatepass")
+    try:
+        return unquote_to_bytes(raw).decode("utf-8")
     except UnicodeDecodeError:
         return None
 
@@ -111,10 +119,20 @@ def _content_length_too_large(request: HttpRequest) -> bool:
 def handle(request: HttpRequest) -> HttpResponse:
     """Answer one request under ``/v1`` following PROTOCOL.md §2.2 step by step.
 
+    A ``HEAD`` request gets the status and headers of the answer with no body
+    (RFC 9110 §9.3.2), so a kept-alive connection stays in sync.
+
     Returns the HTTP response; never raises for bad input. Method errors are
     500 (``CellError`` name/message), validation errors 400, and unexpected
     exceptions 500 with their class name, logged with a traceback.
     """
+    response = _answer(request)
+    if request.method == "HEAD":
+        response.content = b""
+    return response
+
+
+def _answer(request: HttpRequest) -> HttpResponse:
     path = raw_path(request)
     parts = [p for p in path.split("/") if p]
     # 1-3: path shape and health
