@@ -124,23 +124,27 @@ class Command(BaseCommand):
     help = "Measure a running fleet over the RPC route (queue, events, listing, streams); prints a table + JSON."
 
     def add_arguments(self, parser):
-        parser.add_argument("--url", default=os.environ.get("CELLD_FLEET_URL", "http://127.0.0.1:8787"))
-        parser.add_argument("--secret", default=os.environ.get("CELLD_WORLD_SECRET") or os.environ.get("WORLD_SECRET"))
-        parser.add_argument("--only", default=",".join(WORKLOADS), help="comma-separated workloads")
-        parser.add_argument("--json", default="bench-results/benchmark.json", help="where to write the figures")
-        parser.add_argument("--label", default="", help="a label stored in the JSON (e.g. 'postgres+celery')")
-        parser.add_argument("--messages", type=int, default=1000)
-        parser.add_argument("--clients", type=int, default=32)
-        parser.add_argument("--shards", type=int, default=2)
-        parser.add_argument("--body-bytes", type=int, default=256)
-        parser.add_argument("--drain-timeout", type=float, default=120.0, help="seconds to wait for deliveries")
-        parser.add_argument("--runs", type=int, default=100)
-        parser.add_argument("--event-clients", type=int, default=16)
-        parser.add_argument("--steps", type=int, default=5)
-        parser.add_argument("--population", type=int, default=100_000)
-        parser.add_argument("--list-samples", type=int, default=50)
-        parser.add_argument("--chunks", type=int, default=10_000)
-        parser.add_argument("--chunk-bytes", type=int, default=1024)
+        a = parser.add_argument
+        a("--url", default=os.environ.get("CELLD_FLEET_URL", "http://127.0.0.1:8787"),
+          help="fleet URL (default $CELLD_FLEET_URL or http://127.0.0.1:8787)")
+        a("--secret", default=os.environ.get("CELLD_WORLD_SECRET") or os.environ.get("WORLD_SECRET"),
+          help="bearer secret (default $CELLD_WORLD_SECRET, then $WORLD_SECRET)")
+        a("--only", default=",".join(WORKLOADS), help="comma-separated workloads: queue,events,listing,streams")
+        a("--json", default="bench-results/benchmark.json", help="where to write the figures")
+        a("--label", default="", help="a label stored in the JSON (e.g. 'postgres+celery')")
+        a("--messages", type=int, default=1000, help="queue: messages to enqueue (1000)")
+        a("--clients", type=int, default=32, help="queue/listing: concurrent clients (32)")
+        a("--shards", type=int, default=2,
+          help="queue: queueShards (2); must match what the fleet's queue cells are pinned at")
+        a("--body-bytes", type=int, default=256, help="queue: message body size in bytes (256)")
+        a("--drain-timeout", type=float, default=120.0, help="queue: seconds to wait for deliveries (120)")
+        a("--runs", type=int, default=100, help="events: runs through a full lifecycle (100)")
+        a("--event-clients", type=int, default=16, help="events: concurrent clients (16)")
+        a("--steps", type=int, default=5, help="events: steps per run (5)")
+        a("--population", type=int, default=100_000, help="listing: run keys written before timing pages (100000)")
+        a("--list-samples", type=int, default=50, help="listing: samples per page position (50)")
+        a("--chunks", type=int, default=10_000, help="streams: chunks written by one writer (10000)")
+        a("--chunk-bytes", type=int, default=1024, help="streams: chunk size in bytes (1024)")
 
     # ------------------------------------------------------------------ plumbing
 
@@ -197,6 +201,8 @@ class Command(BaseCommand):
                     {k: v for k, v in q["integrity"].items() if k not in ("ok", "shards")})),
                 ("queue shards after", json.dumps(q["integrity"]["shards"])),
             ]
+            if q["errors_sample"]:
+                rows.append(("queue enqueue errors (first)", q["errors_sample"][0][:160]))
         if "events" in r:
             e = r["events"]
             rows += [
@@ -245,8 +251,12 @@ class Command(BaseCommand):
             except (RpcCallError, httpx.HTTPError) as exc:
                 errors.append(str(exc))
                 return False
+            if not out.get("ok"):
+                errors.append(f"{out.get('code')}: {out.get('message')}")
             return bool(out.get("ok"))
 
+        # Dead letters already in the shards are not this run's: count the difference.
+        dead_before = sum(self.world.call("queue", f"q:{s}", "stats")["deadLetters"] for s in range(shards))
         try:
             t0 = time.time()
             elapsed, oks = run_parallel(n, o["clients"], enqueue)
@@ -271,7 +281,7 @@ class Command(BaseCommand):
         lat_retried = [successes[i][0] - enqueued_at[i] for i in successes if i in retried]
         missing = accepted - len(successes)
         dup = sum(len(v) - 1 for v in successes.values())
-        dead = sum(s["deadLetters"] for s in shard_stats.values())
+        dead = sum(s["deadLetters"] for s in shard_stats.values()) - dead_before
         leftover = sum(s["pending"] + s["inflight"] for s in shard_stats.values())
         integrity = {
             "ok": missing == 0 and dup == 0 and dead == 0 and leftover == 0 and accepted == n,
