@@ -13,7 +13,7 @@ from django.contrib.admin.models import LogEntry
 from cells.index import IndexCell
 from cells.models import Event, Hook, IndexEntry, Run
 
-from .admin_support import RUNS, ClientSequence, make_operator  # noqa: F401  (fixture)
+from .admin_support import RUNS, ClientSequence
 from .runs_support import frozen_clock  # noqa: F401  (fixture)
 
 pytestmark = pytest.mark.django_db

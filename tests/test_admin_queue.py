@@ -5,7 +5,6 @@ sink on a virtual clock (``queueing.testing``), as in ``test_queue_delivery``.
 """
 from __future__ import annotations
 
-import json
 import re
 
 import pytest
@@ -261,4 +260,3 @@ def test_it_filters_dead_letters_by_cell_pathname_queue_name_and_age(admin_clien
     vclock.advance(2 * 3_600_000)
     assert listed(failed="1h") == []
     assert listed(q="msg_f2") == ["msg_f2"]
-    assert json  # imported for body fixtures

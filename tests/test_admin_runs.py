@@ -12,9 +12,8 @@ from datetime import datetime, timezone
 import pytest
 
 from cells.models import Run, Step
-from worldcell import codec
 
-from .admin_support import RUNS, ClientSequence, make_operator  # noqa: F401  (fixture)
+from .admin_support import RUNS, ClientSequence
 from .runs_support import frozen_clock  # noqa: F401  (fixture)
 
 pytestmark = pytest.mark.django_db
@@ -302,4 +301,3 @@ def test_it_offers_no_add_change_or_delete_of_event_sourced_state(admin_client, 
     html = admin_client.get(RUNS).content.decode()
     assert "delete_selected" not in html
     assert Step.objects.count() == 1
-    assert codec  # imported for helpers above
