@@ -29,7 +29,7 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
-from django.db.models import F, Func, IntegerField, TextField, Value
+from django.db.models import BinaryField, F, Func, IntegerField, TextField, Value
 from django.db.models.functions import Greatest, Substr
 from django.utils.html import escape, format_html
 from django.utils.safestring import SafeString, mark_safe
@@ -97,8 +97,6 @@ class _BinaryHead(Func):
     function = "SUBSTR"
 
     def __init__(self, expression, length: int):
-        from django.db.models import BinaryField
-
         super().__init__(expression, Value(1), Value(length), output_field=BinaryField())
 
 
