@@ -7,6 +7,13 @@ coerced, everything else checked strictly (a bool is not a number,
 A failure raises ``worldcell.errors.ValidationError`` (HTTP 400) naming the
 first failing field, e.g. ``step.stepId: expected string, received undefined``.
 
+Strings that live in indexed columns are capped (checked before anything is
+written, so an over-long value is a 400, never a database error):
+``ID_MAX_BYTES`` (1024 UTF-8 bytes) for the run id, ``deploymentId``,
+``workflowName``, step and hook ids and every ``correlationId``;
+``TOKEN_MAX_BYTES`` (2038) for a hook ``token``. Other strings (``stepName``,
+payloads) are not indexed and not capped.
+
 Two kinds of absence meet here. A member that is not in the dict is *absent*
 (JavaScript ``undefined``); ``None`` is JSON ``null``. ``compact`` turns
 top-level ``null`` members into absent ones (§3.4) and is applied before every
@@ -24,8 +31,11 @@ from worldcell.errors import ValidationError
 __all__ = [
     "ABSENT",
     "EVENT_TYPES",
+    "ID_MAX_BYTES",
+    "TOKEN_MAX_BYTES",
     "RUN_STATUSES",
     "STEP_STATUSES",
+    "check_indexed_size",
     "compact",
     "member",
     "storable_text",
@@ -78,6 +88,18 @@ EVENT_TYPES = (
 
 #: ``new Date(x)`` is invalid beyond ±8.64e15 ms (ECMAScript TimeClip).
 _MAX_JS_TIME_MS = 8.64e15
+
+#: Largest run id, deployment id, workflow name, step id and hook id (= any
+#: ``correlationId``), in UTF-8 bytes. Each of them is an indexed column (with
+#: the run's integer id in front for step and hook ids), and a PostgreSQL btree
+#: entry must fit 2704 bytes; a longer value would make the INSERT fail with
+#: "index row size … exceeds btree maximum". Same cap as a stream name
+#: (``cells.streams.NAME_MAX_BYTES``).
+ID_MAX_BYTES = 1024
+#: Largest hook token, in UTF-8 bytes (the token column is indexed on its own).
+#: Same cap as the index cell's tokens (``cells.index.KEY_MAX_BYTES`` minus the
+#: ``hookclaim:`` prefix), so every token the index cell can reserve fits here.
+TOKEN_MAX_BYTES = 2048 - len("hookclaim:")
 
 
 def compact(obj: dict[str, Any]) -> dict[str, Any]:
@@ -151,6 +173,26 @@ def _column_string(value: Any, path: str) -> str:
     if not storable_text(text):
         raise ValidationError(f"{path}: U+0000 and unpaired surrogates are not supported in ids and names")
     return text
+
+
+def check_indexed_size(text: str, path: str, max_bytes: int) -> str:
+    """``text`` if its UTF-8 form fits ``max_bytes``, else ValidationError naming ``path`` and the limit.
+
+    ``text`` must already be storable (``storable_text``).
+    """
+    if len(text) * 4 > max_bytes and len(text.encode("utf-8")) > max_bytes:
+        raise ValidationError(f"{path}: longer than {max_bytes} UTF-8 bytes")
+    return text
+
+
+def _id_string(value: Any, path: str) -> str:
+    """An id or name kept in an indexed column: storable and at most ``ID_MAX_BYTES``."""
+    return check_indexed_size(_column_string(value, path), path, ID_MAX_BYTES)
+
+
+def _token_string(value: Any, path: str) -> str:
+    """A hook token (indexed column): storable and at most ``TOKEN_MAX_BYTES``."""
+    return check_indexed_size(_column_string(value, path), path, TOKEN_MAX_BYTES)
 
 
 def is_number(value: Any) -> bool:
@@ -250,6 +292,8 @@ def _expected(check: Check) -> str:
     return {
         _string: "string",
         _column_string: "string",
+        _id_string: "string",
+        _token_string: "string",
         _number: "number",
         _boolean: "boolean",
         _record: "object",
@@ -265,8 +309,8 @@ _RUN = Shape(
     {
         "runId": (_string, REQ),
         "status": (_enum(RUN_STATUSES), REQ),
-        "deploymentId": (_column_string, REQ),
-        "workflowName": (_column_string, REQ),
+        "deploymentId": (_id_string, REQ),
+        "workflowName": (_id_string, REQ),
         "specVersion": (_number, OPT),
         "executionContext": (_record, OPT),
         "input": (_any, OPT),
@@ -293,7 +337,7 @@ _RUN_REQUIRED = {"cancelled": ("completedAt",), "completed": ("completedAt",), "
 _STEP = Shape(
     {
         "runId": (_string, REQ),
-        "stepId": (_column_string, REQ),
+        "stepId": (_id_string, REQ),
         "stepName": (_column_string, REQ),
         "status": (_enum(STEP_STATUSES), REQ),
         "input": (_any, OPT),
@@ -312,8 +356,8 @@ _STEP = Shape(
 _HOOK = Shape(
     {
         "runId": (_string, REQ),
-        "hookId": (_column_string, REQ),
-        "token": (_column_string, REQ),
+        "hookId": (_id_string, REQ),
+        "token": (_token_string, REQ),
         "ownerId": (_string, REQ),
         "projectId": (_string, REQ),
         "environment": (_string, REQ),
@@ -435,7 +479,7 @@ def validate_event(event: dict[str, Any]) -> dict[str, Any]:
     event_type = _enum(EVENT_TYPES)(event.get("eventType", ABSENT), "event.eventType")
     out: dict[str, Any] = {"eventType": event_type}
     if "correlationId" in event:
-        out["correlationId"] = _column_string(event["correlationId"], "event.correlationId")
+        out["correlationId"] = _id_string(event["correlationId"], "event.correlationId")
     elif event_type not in _CORRELATION_OPTIONAL:
         raise _fail("event.correlationId", "string", ABSENT)
     shape, required = _EVENT_DATA[event_type]

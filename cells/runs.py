@@ -29,12 +29,16 @@ from worldcell.errors import ValidationError
 
 from . import event_machine
 from .event_machine import js_string
-from .event_schemas import ABSENT, storable_text
+from .event_schemas import ABSENT, ID_MAX_BYTES, check_indexed_size, storable_text
 from .models.runs import Event, Hook, Run, RunCellState, Step
 
 __all__ = ["RunCell"]
 
 DEFAULT_LIMITS = {"events": 100, "steps": 20, "hooks": 100}
+#: Page sizes above this are clamped (§12 A10, as ``index.list`` does): the
+#: ``limit + 1`` peek must stay a valid SQL LIMIT on both databases, and no
+#: answer can hold more rows anyway.
+FETCH_CAP = 2**31 - 2
 
 
 class RunCell:
@@ -50,8 +54,10 @@ class RunCell:
 
         Returns the outcome (``{"ok": true, …}`` or a guard failure
         ``{"ok": false, "code", "message"}``). Raises ValidationError (400)
-        for invalid input and CellError ``TypeError`` (500) where upstream
-        dereferences a missing ``eventData``; either way nothing is written.
+        for invalid input — including a missing ``eventData`` where upstream
+        dereferences it and answers 500 ``TypeError`` (§5.8), and ids, names or
+        tokens over the caps of ``cells.event_schemas`` (``ID_MAX_BYTES``,
+        ``TOKEN_MAX_BYTES``; the run id in the URL too); nothing is written then.
         """
         with transaction.atomic():
             cell = self._lock_cell()
@@ -68,6 +74,7 @@ class RunCell:
         """
         if not storable_text(self.name):
             raise ValidationError("run id: U+0000 and unpaired surrogates are not supported")
+        check_indexed_size(self.name, "run id", ID_MAX_BYTES)
         locked = RunCellState.objects.select_for_update()
         cell = locked.filter(name=self.name).first()
         if cell is None:
@@ -140,9 +147,9 @@ def _page_params(params: Any, default_limit: int) -> tuple[int, str | None, bool
     """``(limit, cursor, descending)`` out of a P1/P2 params object (§4.0, §12 A10).
 
     ``null``/absent params, limit and cursor take their defaults; ``""`` is
-    no cursor; only ``sortOrder: "desc"`` is descending. Raises
-    ValidationError for a limit that is not a non-negative integer and a
-    cursor that is not a string.
+    no cursor; only ``sortOrder: "desc"`` is descending; a limit above
+    ``FETCH_CAP`` is clamped to it. Raises ValidationError for a limit that
+    is not a non-negative integer and a cursor that is not a string.
     """
     if params is None or params is ABSENT:
         params = {}
@@ -159,4 +166,4 @@ def _page_params(params: Any, default_limit: int) -> tuple[int, str | None, bool
             raise ValidationError("params.cursor: expected string")
         if not storable_text(cursor):
             raise ValidationError("params.cursor: U+0000 and unpaired surrogates are not supported")
-    return limit, cursor or None, params.get("sortOrder") == "desc"
+    return min(limit, FETCH_CAP), cursor or None, params.get("sortOrder") == "desc"

@@ -235,3 +235,18 @@ def test_range_scanned_keys_use_the_c_collation_on_postgres():
         found = {(table, column): collation for table, column, collation in cur.fetchall()}
     assert found == {("cells_step", "sort_key"): "C", ("cells_hook", "sort_key"): "C",
                      ("cells_event", "event_id"): "C"}
+
+
+@pytest.mark.parametrize("limit", [2**31 - 2, 2**31, 2**53, 2**63 - 1, 2**64, 10**30])
+def test_a_huge_limit_is_clamped_to_a_normal_page(run, limit):
+    # Regression: limit + 1 went to the database as is (500 "bigint out of range"
+    # on PostgreSQL, "datatype mismatch" on SQLite); it is clamped like index.list.
+    run.create()
+    run.step("s1")
+    run.hook("h1", "t1")
+    for method in ("listEvents", "listSteps", "listHooks"):
+        for order in ("asc", "desc"):
+            page = run.call(method, {"limit": limit, "sortOrder": order})
+            assert len(page["data"]) >= 1 and page["cursor"] is None and page["hasMore"] is False, (method, page)
+    page = run.list_events({"limit": limit, "cursor": "wevt_z00000000000000000001"})
+    assert [e["eventType"] for e in page["data"]] == ["step_created", "hook_created"]

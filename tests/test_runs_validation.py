@@ -246,3 +246,98 @@ def test_random_events_never_break_the_log(rpc, created, events):
     assert (cell.event_sequence if cell else 0) in (len(ids), len(ids) - 1)  # Q1 may leave one behind
     for step in run.list_steps({"limit": 1000})["data"]:
         assert run.get_step(step["stepId"]) == step
+
+
+# ---------------------------------------------------------------------------- indexed string caps
+
+import secrets  # noqa: E402
+
+from cells.event_schemas import ID_MAX_BYTES, TOKEN_MAX_BYTES  # noqa: E402
+
+
+def _random_text(size: int) -> str:
+    """``size`` characters that do not compress (PostgreSQL compresses long index
+    entries, so a repetitive string would slip under the btree limit)."""
+    return secrets.token_urlsafe(size)[:size]
+
+
+LONG = _random_text(3000)
+
+
+def test_the_caps_match_the_index_and_streams_cells():
+    from cells.index import KEY_MAX_BYTES
+    from cells.streams import NAME_MAX_BYTES
+
+    assert ID_MAX_BYTES == NAME_MAX_BYTES == 1024
+    assert TOKEN_MAX_BYTES == KEY_MAX_BYTES - len("hookclaim:") == 2038
+
+
+def test_an_over_long_run_id_is_a_400_and_writes_nothing(rpc):
+    # Regression: a ~3000-char random run id was a 500 OperationalError on
+    # PostgreSQL ("index row size … exceeds btree version 4 maximum 2704").
+    run = RunClient(rpc, "wrun_" + LONG)
+    message = _rejected(run, "run_created", event_data={"deploymentId": "d", "workflowName": "w"})
+    assert message == f"run id: longer than {ID_MAX_BYTES} UTF-8 bytes"
+    assert RunCellState.objects.count() == 0
+    assert run.get_run() is None
+    assert run.list_events() == {"data": [], "cursor": None, "hasMore": False}
+    assert run.get_step("s1") is None
+
+
+def test_ids_at_the_caps_are_stored(rpc):
+    # UTF-8 bytes count, not characters: "é" is 2 bytes.
+    at_cap = "é" * (ID_MAX_BYTES // 2)
+    run = RunClient(rpc, "wrun_" + _random_text(ID_MAX_BYTES - len("wrun_")))
+    run.create(workflow_name=_random_text(ID_MAX_BYTES), deploymentId=at_cap)
+    run.ok("run_started")
+    run.step(_random_text(ID_MAX_BYTES))
+    run.hook(at_cap, _random_text(TOKEN_MAX_BYTES))
+    run.ok("wait_created", _random_text(ID_MAX_BYTES), {"resumeAt": 0})
+    assert run.get_run()["deploymentId"] == at_cap
+    assert run.list_hooks()["data"][0]["hookId"] == at_cap
+    assert [s["stepId"] for s in run.list_steps()["data"]] == [run.list_steps()["data"][0]["stepId"]]
+    assert run.ok("run_completed", event_data={})["releasedHooks"][0]["hookId"] == at_cap
+
+
+@pytest.mark.parametrize("member", ["deploymentId", "workflowName"])
+def test_an_over_long_deployment_or_workflow_is_a_400(run, member):
+    event_data = {"deploymentId": "d", "workflowName": "w", "input": 1, member: LONG}
+    assert _rejected(run, "run_created", event_data=event_data) == f"run.{member}: longer than 1024 UTF-8 bytes"
+    assert _rejected(run, "run_started", event_data=event_data) == f"run.{member}: longer than 1024 UTF-8 bytes"
+    assert not RunCellState.objects.filter(name="wrun_test").exists()
+    assert _rejected(run, "run_created", event_data={**event_data, member: "é" * 513}).endswith("1024 UTF-8 bytes")
+
+
+@pytest.mark.parametrize("event_type,event_data,path", [
+    ("step_created", {"stepName": "n"}, "step.stepId"),
+    ("hook_created", {"token": "t"}, "hook.hookId"),
+    ("wait_created", {"resumeAt": 0}, "event.correlationId"),
+    ("hook_conflict", {"token": "t"}, "event.correlationId"),
+    ("hook_received", {"payload": 1}, None),  # the hook cannot exist: HOOK_NOT_FOUND, nothing written
+    ("wait_completed", None, "event.correlationId"),
+])
+def test_an_over_long_correlation_id_is_a_400(run, event_type, event_data, path):
+    run.create()
+    if path is None:
+        assert run.refused("HOOK_NOT_FOUND", event_type, LONG, event_data)
+    else:
+        args = (event_type, LONG) if event_data is None else (event_type, LONG, event_data)
+        assert _rejected(run, *args) == f"{path}: longer than 1024 UTF-8 bytes"
+    assert run.event_types() == ["run_created"]
+    assert run.ok("wait_completed", "w")["event"]["eventId"] == "wevt_z00000000000000000002"
+
+
+def test_an_over_long_hook_id_in_a_token_conflict_is_a_400(run):
+    run.create()
+    holder = {"runId": "wrun_other", "hookId": "h"}
+    assert _rejected(run, "hook_created", LONG, {"token": "t"}, token_holder=holder) == (
+        "event.correlationId: longer than 1024 UTF-8 bytes")
+    assert run.event_types() == ["run_created"]
+
+
+def test_an_over_long_token_is_a_400(run):
+    run.create()
+    message = _rejected(run, "hook_created", "h1", {"token": _random_text(TOKEN_MAX_BYTES + 1)})
+    assert message == f"hook.token: longer than {TOKEN_MAX_BYTES} UTF-8 bytes"
+    assert run.list_hooks()["data"] == []
+    assert run.ok("hook_created", "h1", {"token": "t"})["event"]["eventId"] == "wevt_z00000000000000000002"
