@@ -68,6 +68,7 @@ __all__ = [
     "claim_due_messages",
     "dlq_key",
     "drop_message",
+    "due_cell_names",
     "enqueue",
     "fire_cell_alarm",
     "fire_due_alarms",
@@ -159,12 +160,16 @@ class RearmReport:
 
 
 def clamp_ms(ms: float) -> int:
-    """Floor ``ms`` into ``[0, MAX_EPOCH_MS]`` (the ``ms13`` rule of §7.1, plus an upper bound)."""
-    if ms != ms:  # NaN
+    """Floor ``ms`` into ``[0, MAX_EPOCH_MS]`` (the ``ms13`` rule of §7.1, plus an upper bound).
+
+    Total over floats: NaN and ``-inf`` (e.g. a 503 ``timeoutSeconds`` of
+    ``-1e308`` times 1000) give 0 — "due now" — and ``+inf`` gives the bound.
+    """
+    if ms != ms or ms <= 0:  # NaN, negative (incl. -inf)
         return 0
-    if ms >= config.MAX_EPOCH_MS:
+    if ms >= config.MAX_EPOCH_MS:  # incl. +inf
         return config.MAX_EPOCH_MS
-    return max(0, math.floor(ms))
+    return math.floor(ms)
 
 
 def ms13(ms: float) -> str:
@@ -375,14 +380,15 @@ def _recover_lost_claims(cell: QueueCell, now: int) -> int:
     )
 
 
-def claim_due_messages(cell: QueueCell, now: int) -> tuple[list[Claim], int]:
+def claim_due_messages(cell: QueueCell, now: int, limit: int | None = None) -> tuple[list[Claim], int]:
     """The claim phase of the alarm handler on a locked cell (PROTOCOL.md §7.4).
 
     1. claims whose deadline is ``≤ now`` are lost: their messages become due at ``now``;
     2. if fewer than ``QUEUE_MAX_INFLIGHT`` remain in flight, the earliest due
        messages (``due_at ≤ now``, by due time then message id) are claimed up
        to the free slots: deadline ``now + QUEUE_DELIVERY_TIMEOUT_MS + 30 000``,
-       a fresh claim token;
+       a fresh claim token — never more than ``limit`` when given (a driver
+       with that many idle delivery threads; what is left stays due);
     3. ``scheduleNextAlarm(now)`` — computed from what steps 1–2 read: the
        schedule query fetches one row beyond the free slots, which is the
        earliest message left unclaimed.
@@ -396,6 +402,8 @@ def claim_due_messages(cell: QueueCell, now: int) -> tuple[list[Claim], int]:
         recovered = _recover_lost_claims(cell, now)
         inflight, first_deadline = _inflight_state(cell)
     free = max(0, config.max_inflight() - inflight)
+    if limit is not None:
+        free = min(free, max(0, limit))
     rows = list(
         Message.objects.filter(cell=cell, due_at__isnull=False)
         .order_by("due_at", "message_id")
@@ -442,6 +450,7 @@ def fire_cell_alarm(
     early_ms: int = 0,
     skip_locked: bool = False,
     dispatch: Dispatch | None = None,
+    max_claims: int | None = None,
 ) -> list[Claim]:
     """Run cell ``cell_name``'s alarm handler if its alarm is due (PROTOCOL.md §9.1, §7.4).
 
@@ -456,7 +465,8 @@ def fire_cell_alarm(
     the lock (every lock holder wakes the cell again on commit) — reads
     ``now`` (unless given), re-checks the alarm and runs
     ``claim_due_messages``; (3) on commit, ``dispatch(claims)`` and a
-    countdown wake-up for the next alarm.
+    countdown wake-up for the next alarm. ``max_claims`` caps the claims
+    (the in-process pump passes its idle delivery threads).
     Returns the claims (empty when nothing was due or claimable).
     """
     fixed_now = now
@@ -485,7 +495,7 @@ def fire_cell_alarm(
         if cell.alarm_at is None or cell.alarm_at > now + early_ms:
             _wake_after_commit(cell, now)
             return []
-        claims, recovered = claim_due_messages(cell, now)
+        claims, recovered = claim_due_messages(cell, now, max_claims)
         if recovered:
             log.warning("queue cell %s: recovered %d lost claim(s) past their deadline", cell_name, recovered)
         if claims and dispatch is not None:
@@ -493,6 +503,13 @@ def fire_cell_alarm(
         name, new_alarm = cell.name, cell.alarm_at
         transaction.on_commit(lambda: wake.after_fire(name, new_alarm, now), robust=True)
     return claims
+
+
+def due_cell_names(at: int, *, limit: int = 10_000) -> list[str]:
+    """Names of the cells whose alarm is ``≤ at``, longest-waiting (earliest alarm) first; one index scan."""
+    return list(
+        QueueCell.objects.filter(alarm_at__lte=at).order_by("alarm_at", "name").values_list("name", flat=True)[:limit]
+    )
 
 
 def fire_due_alarms(now: int | None = None, *, dispatch: Dispatch | None = None, limit: int = 10_000) -> list[Claim]:
@@ -507,10 +524,7 @@ def fire_due_alarms(now: int | None = None, *, dispatch: Dispatch | None = None,
     ``now`` defaults to the clock, read again for each cell. Returns all claims.
     """
     fixed_now = now
-    scan_now = clock.now_ms() if now is None else now
-    names = list(
-        QueueCell.objects.filter(alarm_at__lte=scan_now).order_by("alarm_at").values_list("name", flat=True)[:limit]
-    )
+    names = due_cell_names(clock.now_ms() if now is None else now, limit=limit)
     claims: list[Claim] = []
     for name in names:
         try:
@@ -538,18 +552,27 @@ def start_delivery(claim: Claim, now: int | None = None) -> DeliveryRow | None:
     means "skip": a duplicated or late delivery task, or a claim that was
     already recovered. Records ``last_attempt_at`` and counts the POST in
     ``deliveries``.
+
+    The claim's deadline restarts here: ``now + QUEUE_DELIVERY_TIMEOUT_MS +
+    30 000``. Time a claim spends waiting for a delivery thread (a busy
+    Celery pool, the broker) therefore never eats into the time its POST may
+    take, so a slow but timely answer is not raced by a redelivery. The
+    cell's alarm may still name the claim-time deadline; firing then finds
+    nothing lost and moves the alarm to the new one.
     """
     now = clock.now_ms() if now is None else now
+    deadline = clamp_ms(now + config.delivery_timeout_ms() + config.INFLIGHT_GRACE_MS)
     qn = connection.ops.quote_name
     sql = (
         f"UPDATE {qn(Message._meta.db_table)} SET {qn('delivery_started_at')} = %s, "
-        f"{qn('last_attempt_at')} = %s, {qn('deliveries')} = {qn('deliveries')} + 1, {qn('updated_at')} = %s "
+        f"{qn('last_attempt_at')} = %s, {qn('deliveries')} = {qn('deliveries')} + 1, {qn('updated_at')} = %s, "
+        f"{qn('inflight_deadline')} = %s "
         f"WHERE {qn('id')} = %s AND {qn('claim_token')} = %s AND {qn('delivery_started_at')} IS NULL "
         f"AND {qn('inflight_deadline')} > %s "
         f"RETURNING {', '.join(qn(c) for c in _DELIVERY_COLUMNS)}"
     )
     with connection.cursor() as cursor:
-        cursor.execute(sql, [now, now, now, claim.message_pk, claim.token, now])
+        cursor.execute(sql, [now, now, now, deadline, claim.message_pk, claim.token, now])
         row = cursor.fetchone()
     if row is None:
         return None
@@ -564,12 +587,15 @@ def _claimed(claim: Claim):
 Apply = Callable[[QueueCell, int], bool]
 
 
-def _outcome_transaction(claim: Claim, now: int | None, apply: Apply, claim_next: bool) -> tuple[bool, list[Claim]]:
+def _outcome_transaction(
+    claim: Claim, now: int | None, apply: Apply, claim_next: bool | int
+) -> tuple[bool, list[Claim]]:
     """One outcome transition: lock the claim's cell, read ``now`` (unless given), run
     ``apply(cell, now)`` (False = stale claim: nothing written), then either
     ``scheduleNextAlarm(now)`` or — with ``claim_next`` — the claim phase
     (§7.4) right away, so the freed in-flight slot is refilled in the same
-    transaction (§12 A14). Returns ``(applied, new_claims)``.
+    transaction (§12 A14); ``claim_next`` True claims what the slots allow, an
+    integer ``n > 0`` at most ``n``. Returns ``(applied, new_claims)``.
     """
     claims: list[Claim] = []
     with transaction.atomic():
@@ -581,7 +607,7 @@ def _outcome_transaction(claim: Claim, now: int | None, apply: Apply, claim_next
             _wake_after_commit(cell, now)
             return False, []
         if claim_next:
-            claims, recovered = claim_due_messages(cell, now)
+            claims, recovered = claim_due_messages(cell, now, None if claim_next is True else int(claim_next))
             if recovered:
                 log.warning("queue cell %s: recovered %d lost claim(s) past their deadline", cell.name, recovered)
             transaction.on_commit(lambda: wake.after_fire(cell.name, cell.alarm_at, now), robust=True)
@@ -592,8 +618,30 @@ def _outcome_transaction(claim: Claim, now: int | None, apply: Apply, claim_next
 
 
 def _ack(claim: Claim) -> Apply:
-    """Ack / drop: delete the message, which ends its claim and releases its key (§7.7)."""
-    return lambda cell, now: _claimed(claim).delete()[0] > 0
+    """Ack / drop: delete the message, which ends its claim and releases its key (§7.7).
+
+    Unlike the other outcomes this does not need the claim to be current: the
+    application accepted (or permanently refused) the message, so — as
+    upstream, whose ack deletes ``msg:<id>`` whatever its claim state — a 2xx
+    (or 404/409/410/422) that arrives after the claim was recovered still
+    deletes the message while it exists, whether it is due again or already
+    re-claimed by another delivery. That other delivery then finds no row:
+    its POST is skipped if not begun, and its outcome is ``"stale"`` and
+    changes nothing. The message is deleted at most once, so never acked twice.
+    """
+
+    def ack(cell: QueueCell, now: int) -> bool:
+        if _claimed(claim).delete()[0]:
+            return True
+        late = Message.objects.filter(pk=claim.message_pk, cell_id=cell.pk, message_id=claim.message_id).delete()[0]
+        if late:
+            log.warning(
+                "queue cell %s: %s answered after its claim was recovered; acked all the same",
+                cell.name, claim.message_id,
+            )
+        return late > 0
+
+    return ack
 
 
 def _redeliver(claim: Claim, timeout_seconds: float, status: int) -> Apply:
@@ -672,7 +720,7 @@ def apply_outcome(
     reason: str | None = None,
     timeout_seconds: float | None = None,
     now: int | None = None,
-    claim_next: bool = False,
+    claim_next: bool | int = False,
 ) -> str | tuple[str, list[Claim]]:
     """Apply one classified delivery result (PROTOCOL.md §7.6) to the claimed message.
 
@@ -680,8 +728,9 @@ def apply_outcome(
     or ``"retry"`` (needs ``reason``). Returns what happened: ``"acked"``,
     ``"dropped"``, ``"redelivery scheduled"``, ``"retry scheduled"``,
     ``"dead-lettered"`` or ``"stale"`` (the claim was no longer current;
-    nothing changed). With ``claim_next`` the same transaction also runs the
-    claim phase and the result is ``(what happened, new claims)``; otherwise
+    nothing changed). With ``claim_next`` (True, or an integer cap > 0) the
+    same transaction also runs the claim phase and the result is
+    ``(what happened, new claims)``; otherwise
     the cell's driver is woken on commit when work is due.
     Raises on database errors: the transaction rolled back and the claim
     stays in flight until its deadline (§7.7). ``now`` defaults to the clock

@@ -1,25 +1,46 @@
 """The in-process alarm pump: the queue's driver when there is no broker (PROTOCOL.md §9.2).
 
 Used by ``manage.py devfleet`` and by tests without Celery. It calls exactly
-what the Celery tasks call — ``machine.fire_due_alarms``,
-``machine.fire_cell_alarm`` and ``delivery.deliver_and_claim_next`` — so both
-drivers share one state machine.
+what the Celery tasks call — ``machine.fire_cell_alarm`` and
+``delivery.deliver_and_claim_next`` — so both drivers share one state machine.
 
 Interface::
 
     pump = LocalPump(interval_s=0.025, max_workers=16, log_deliveries=True)
     pump.start()          # starts the tick thread and the delivery threads; receives wake_cell()
-    pump.wake("q:0")      # fire this cell now (called on commit when Celery is off)
+    pump.wake("q:0")      # run a tick now (called on commit when Celery is off)
     pump.stop(timeout_s)  # -> deliveries still unfinished (they are redelivered after their deadline)
+
+**Never more claims than idle threads.** A claim's deadline runs from the
+moment it is made, so a claim that waits in a queue for a delivery thread
+loses time it may need for its POST (and may even expire before it starts
+and be delivered twice). The pump therefore claims only for delivery threads
+that are idle right now: before each claim it *reserves* the idle threads
+(``max_workers`` minus claims queued or running), passes that number as the
+claim's cap and gives back what it did not use. Due messages beyond that stay
+pending in the database — not in flight — until a thread is free.
+
+**Fairness across cells.** A delivery thread that finishes normally refills
+its own cell's freed slot in the outcome transaction (no round trip). When
+a tick found a due cell it could not serve for lack of threads, the pump is
+*starving*: finishing threads then claim nothing, the outcome transaction
+wakes the tick instead, and the tick serves due cells longest-waiting alarm
+first. So slow targets in some cells cannot keep other cells' messages
+waiting behind them indefinitely; every cell still gets at most
+``QUEUE_MAX_INFLIGHT`` threads. Size ``max_workers`` for shards ×
+``QUEUE_MAX_INFLIGHT`` to never make a cell wait for a thread.
 
 The tick loop, every ``interval_s`` or as soon as it is woken:
 
-1. fires the alarm of every woken cell (a fresh ``now + 1`` alarm counts as due);
-2. fires every cell whose alarm is due (``machine.fire_due_alarms``);
-3. hands each claim to the delivery threads (at most ``max_workers`` POSTs at
-   once); each thread runs ``delivery.deliver_and_claim_next`` (the POST, the
-   outcome, then a claim for the freed slot, queued right away) and
-   optionally logs one line per delivery.
+1. lists the cells whose alarm is due (a fresh ``now + 1`` alarm counts),
+   earliest alarm first;
+2. fires each with a cap of the idle threads (``machine.fire_cell_alarm``)
+   until no thread is idle (then the pump is starving until a tick serves
+   every due cell);
+3. hands each claim to the delivery threads; each thread runs
+   ``delivery.deliver_and_claim_next`` (the POST, the outcome, and — unless
+   starving or stopping — claims for the freed slot, capped by itself plus
+   the idle threads) and optionally logs one line per delivery.
 
 Ticks never overlap (one loop thread). Errors are logged with the cell name
 and the loop goes on.
@@ -33,7 +54,9 @@ import time
 
 from django.db import close_old_connections, connections
 
-from . import delivery, machine, wake
+from worldcell import clock
+
+from . import config, delivery, machine, wake
 from .machine import Claim
 
 log = logging.getLogger("queueing.pump")
@@ -66,11 +89,11 @@ class LocalPump:
         self.register = register
         self._lock = threading.Lock()
         self._idle = threading.Condition(self._lock)
-        self._woken: set[str] = set()
         self._poke = threading.Event()
         self._stopping = threading.Event()
         self._jobs: queue.Queue[Claim | None] = queue.Queue()
-        self._outstanding = 0  # claims queued or being delivered
+        self._outstanding = 0  # delivery threads busy or reserved: claims queued, being delivered or being made
+        self._starving = False  # the last tick left a due cell unserved for lack of threads
         self._loop: threading.Thread | None = None
         self._workers: list[threading.Thread] = []
         self.delivered = 0  # finished deliveries (any outcome), for observers
@@ -93,10 +116,7 @@ class LocalPump:
         return self
 
     def wake(self, cell_name: str | None = None) -> None:
-        """Run a tick now; with ``cell_name``, that cell's fresh ``now + 1`` alarm counts as due."""
-        if cell_name is not None:
-            with self._lock:
-                self._woken.add(cell_name)
+        """Run a tick now (a woken cell's fresh ``now + 1`` alarm counts as due)."""
         self._poke.set()
 
     def stop(self, timeout_s: float = 10.0) -> int:
@@ -152,23 +172,49 @@ class LocalPump:
     # ------------------------------------------------------------------ ticks
 
     def tick(self) -> int:
-        """One pass: fire woken cells, then every due cell; queue their deliveries. Returns claims made."""
-        with self._lock:
-            woken, self._woken = self._woken, set()
+        """One pass: fire every due cell (earliest alarm first) within the idle threads. Returns claims made."""
         count = 0
-        for name in sorted(woken):
+        starving = False
+        # a woken cell's fresh now + 1 alarm counts as due
+        for name in machine.due_cell_names(clock.now_ms() + config.MIN_ALARM_DELAY_MS):
+            budget = self._reserve()
+            if budget == 0:
+                starving = True  # due work left behind: finishing threads hand their turn to the tick
+                break
+            claims: list[Claim] = []
             try:
-                count += len(machine.fire_cell_alarm(name, early_ms=1, skip_locked=True, dispatch=self._submit))
+                claims = machine.fire_cell_alarm(name, early_ms=1, skip_locked=True, max_claims=budget)
             except Exception:  # noqa: BLE001 - logged with the cell name; the next tick retries
                 log.exception("queue cell %s: alarm handler failed", name)
-        count += len(machine.fire_due_alarms(dispatch=self._submit))
+            finally:
+                self._hand_out(claims, budget)
+            count += len(claims)
+        self._starving = starving
         return count
 
-    def _submit(self, claims: list[Claim]) -> None:
+    def _reserve(self, cap: int | None = None) -> int:
+        """Reserve the idle delivery threads (at most ``cap``) for a claim; returns how many."""
         with self._lock:
-            self._outstanding += len(claims)
+            free = max(0, self.max_workers - self._outstanding)
+            if cap is not None:
+                free = min(free, cap)
+            self._outstanding += free
+            return free
+
+    def _hand_out(self, claims: list[Claim], held: int) -> None:
+        """Queue ``claims`` on ``held`` reserved threads (``len(claims) ≤ held``) and free the rest."""
         for claim in claims:
             self._jobs.put(claim)
+        self._settle(held - len(claims))
+
+    def _settle(self, n: int) -> None:
+        """``n`` reserved or running threads are idle again."""
+        if n <= 0:
+            return
+        with self._idle:
+            self._outstanding -= n
+            if not self._outstanding:
+                self._idle.notify_all()
 
     def _run(self) -> None:
         try:
@@ -191,21 +237,27 @@ class LocalPump:
                 claim = self._jobs.get()
                 if claim is None:
                     break
+                held = 1  # this thread; grows by the threads reserved for the next claims
+                more: list[Claim] = []
+
+                def claim_budget() -> int:
+                    nonlocal held
+                    if self._stopping.is_set() or self._starving:
+                        return 0  # stopping: claim nothing; starving: let the tick serve waiting cells
+                    extra = self._reserve(cap=config.max_inflight())
+                    held += extra
+                    return 1 + extra
+
                 try:
                     close_old_connections()
-                    report, more = delivery.deliver_and_claim_next(
-                        claim, should_claim=lambda: not self._stopping.is_set()
-                    )
-                    self._submit(more)
+                    report, more = delivery.deliver_and_claim_next(claim, should_claim=claim_budget)
                     if report is not None and self.log_deliveries:
                         log.info("%s", report.log_line())
                 except Exception:  # noqa: BLE001 - the claim is recovered after its deadline
                     log.exception("queue cell %s: delivery of %s failed", claim.cell_name, claim.message_id)
                 finally:
-                    with self._idle:
-                        self._outstanding -= 1
+                    with self._lock:
                         self.delivered += 1
-                        if not self._outstanding:
-                            self._idle.notify_all()
+                    self._hand_out(more, held)
         finally:
             connections.close_all()

@@ -4,6 +4,27 @@
 its methods are the six wire methods. They validate the arguments
 (bad input is HTTP 400 ``ValidationError``, worldcell's policy) and call
 ``queueing.machine``, which reads ``now`` once per call, after locking the cell.
+
+Length caps (UTF-8 bytes), checked before the database is touched: ids, keys
+and names end up in btree indexes, whose entries PostgreSQL limits to about
+2.7 KB — an over-long value would otherwise fail deep inside the transaction
+(``index row size … exceeds btree maximum``) as a 500. The caps match the
+other cells (``cells.index`` keys 2048, ``cells.streams`` names 1024) and are
+far above anything the client sends (``msg_<ULID>``, ``q:<n>``, step ids):
+
+=======================  =====  ==========================================
+what                     bytes  why
+=======================  =====  ==========================================
+cell name                1024   unique index on ``QueueCell.name``
+``messageId``            1024   unique (cell, id); dead-letter key ``dlq:<ms13>:<id>``
+``idempotencyKey``       2048   unique (cell, key)
+``queueName``            1024   sent as the ``x-vqs-queue-name`` header
+``pathname``             1024   part of the delivery URL
+``targetBaseUrl``        8192   the delivery URL
+=======================  =====  ==========================================
+
+A ``redriveDeadLetter`` id over the cap cannot name a dead letter:
+``{"ok": false}``.
 """
 from __future__ import annotations
 
@@ -18,15 +39,25 @@ __all__ = ["QueueCell"]
 
 _INT32 = 2**31 - 1
 
+CELL_NAME_MAX_BYTES = 1024
+MESSAGE_ID_MAX_BYTES = 1024
+IDEMPOTENCY_KEY_MAX_BYTES = 2048
+QUEUE_NAME_MAX_BYTES = 1024
+PATHNAME_MAX_BYTES = 1024
+TARGET_BASE_URL_MAX_BYTES = 8192
 
-def _storable(text: str, field: str) -> str:
-    """``text`` unless it holds U+0000 or a lone surrogate (neither fits a text column)."""
+
+def _storable(text: str, field: str, max_bytes: int | None = None) -> str:
+    """``text`` unless it holds U+0000 or a lone surrogate (neither fits a text column)
+    or is longer than ``max_bytes`` UTF-8 bytes."""
     if "\x00" in text:
         raise ValidationError(f"{field}: must not contain U+0000")
     try:
-        text.encode("utf-8")
+        size = len(text.encode("utf-8"))
     except UnicodeEncodeError:
         raise ValidationError(f"{field}: must not contain a lone surrogate") from None
+    if max_bytes is not None and size > max_bytes:
+        raise ValidationError(f"{field}: longer than {max_bytes} UTF-8 bytes")
     return text
 
 
@@ -65,17 +96,25 @@ def parse_enqueue_request(request: Any) -> machine.EnqueueRequest:
     cfg = request.get("config")
     if not isinstance(cfg, dict):
         raise ValidationError("request.config: expected an object")
-    message_id = _storable(_string(request, "messageId", "request.messageId"), "request.messageId")
-    queue_name = _storable(_string(request, "queueName", "request.queueName"), "request.queueName")
-    pathname = _storable(_string(request, "pathname", "request.pathname"), "request.pathname")
+    message_id = _storable(
+        _string(request, "messageId", "request.messageId"), "request.messageId", MESSAGE_ID_MAX_BYTES
+    )
+    queue_name = _storable(
+        _string(request, "queueName", "request.queueName"), "request.queueName", QUEUE_NAME_MAX_BYTES
+    )
+    pathname = _storable(_string(request, "pathname", "request.pathname"), "request.pathname", PATHNAME_MAX_BYTES)
     body = _string(request, "body", "request.body")
-    base = _storable(_string(cfg, "targetBaseUrl", "request.config.targetBaseUrl"), "request.config.targetBaseUrl")
+    base = _storable(
+        _string(cfg, "targetBaseUrl", "request.config.targetBaseUrl"),
+        "request.config.targetBaseUrl",
+        TARGET_BASE_URL_MAX_BYTES,
+    )
     shards = _integer(cfg.get("queueShards"), "request.config.queueShards")
     if abs(shards) > _INT32:
         raise ValidationError("request.config.queueShards: out of range")
     key = _string(request, "idempotencyKey", "request.idempotencyKey", optional=True)
     if key is not None:
-        _storable(key, "request.idempotencyKey")
+        _storable(key, "request.idempotencyKey", IDEMPOTENCY_KEY_MAX_BYTES)
     delay = request.get("delaySeconds")
     if delay is not None and not _number(delay):
         raise ValidationError("request.delaySeconds: expected a number")
@@ -95,11 +134,12 @@ class QueueCell:
     """One queue cell ``q:<n>`` as the RPC router sees it (binding ``queue``).
 
     Args:
-        name: the decoded cell name (any string without U+0000 / lone surrogates).
+        name: the decoded cell name (any string without U+0000 / lone surrogates,
+            at most ``CELL_NAME_MAX_BYTES`` UTF-8 bytes).
     """
 
     def __init__(self, name: str):
-        self.name = _storable(name, "cell name")
+        self.name = _storable(name, "cell name", CELL_NAME_MAX_BYTES)
 
     def enqueue(self, request: Any = None) -> dict[str, Any]:
         """``enqueue([request])`` -> ``{"ok":true,"messageId","deduped"}`` or CONFIG_MISMATCH (§4.4, §7.3)."""
@@ -129,7 +169,8 @@ class QueueCell:
         if not isinstance(message_id, str) or "\x00" in message_id:
             return {"ok": False}
         try:
-            message_id.encode("utf-8")
+            if len(message_id.encode("utf-8")) > MESSAGE_ID_MAX_BYTES:
+                return {"ok": False}  # no message with such an id can exist
         except UnicodeEncodeError:
             return {"ok": False}
         return machine.redrive_dead_letter(self.name, message_id)

@@ -8,6 +8,8 @@
   due alarm and run the claimed deliveries to completion in the calling
   thread: upstream's ``advance`` + ``fireDueAlarms`` + ``settle``.
 * ``enqueue_request(**over)`` — the wire ``enqueue`` request the upstream tests use.
+* ``DripServer`` — a raw TCP peer that reads a request and answers one byte
+  at a time (a slow-drip target, to check the delivery deadline).
 """
 from __future__ import annotations
 
@@ -26,7 +28,7 @@ from . import delivery, machine
 
 log = logging.getLogger("queueing.testing")
 
-__all__ = ["HANG_UP", "Answer", "HttpSink", "Recorded", "VirtualClock", "enqueue_request", "tick"]
+__all__ = ["HANG_UP", "Answer", "DripServer", "HttpSink", "Recorded", "VirtualClock", "enqueue_request", "tick"]
 
 
 #: ``Answer(HANG_UP)`` closes the connection without answering (a transport error).
@@ -188,6 +190,71 @@ class HttpSink:
         self.release()
         self.server.shutdown()
         self.server.server_close()
+
+
+class DripServer:
+    """A peer that reads each HTTP request, then sends ``response`` one byte every ``interval_s``.
+
+    ``head_fast=True`` sends everything up to the blank line at once and drips
+    only the body. ``url`` is the base URL; ``connections`` counts accepted
+    connections; ``close()`` stops it (open drips end at their next byte).
+    """
+
+    def __init__(self, response: bytes, interval_s: float = 0.1, *, head_fast: bool = False):
+        self.response = response
+        self.interval_s = interval_s
+        self.head_fast = head_fast
+        self.connections = 0
+        self._stop = threading.Event()
+        self._sock = socket.create_server(("127.0.0.1", 0))
+        self._sock.settimeout(0.05)
+        self.url = f"http://127.0.0.1:{self._sock.getsockname()[1]}"
+        self._thread = threading.Thread(target=self._serve, name="drip-server", daemon=True)
+        self._thread.start()
+
+    def _serve(self) -> None:
+        while not self._stop.is_set():
+            try:
+                conn, _ = self._sock.accept()
+            except (TimeoutError, OSError):
+                continue
+            self.connections += 1
+            threading.Thread(target=self._drip, args=(conn,), daemon=True).start()
+
+    def _drip(self, conn: socket.socket) -> None:
+        with conn:
+            try:
+                conn.settimeout(10)
+                data = b""
+                while b"\r\n\r\n" not in data:
+                    chunk = conn.recv(65536)
+                    if not chunk:
+                        return
+                    data += chunk
+                head, _, body = data.partition(b"\r\n\r\n")
+                length = 0
+                for line in head.split(b"\r\n")[1:]:
+                    name, _, value = line.partition(b":")
+                    if name.strip().lower() == b"content-length":
+                        length = int(value.strip())
+                while len(body) < length:
+                    body += conn.recv(65536)
+                out = self.response
+                if self.head_fast:
+                    head_end = out.index(b"\r\n\r\n") + 4
+                    conn.sendall(out[:head_end])
+                    out = out[head_end:]
+                for i in range(len(out)):
+                    if self._stop.wait(self.interval_s):
+                        return
+                    conn.sendall(out[i : i + 1])
+            except OSError:
+                pass
+
+    def close(self) -> None:
+        self._stop.set()
+        self._sock.close()
+        self._thread.join(2)
 
 
 class VirtualClock:

@@ -203,7 +203,34 @@ def test_it_redelivers_a_claim_whose_worker_died_mid_delivery_and_ignores_its_la
     assert not Message.objects.exists() and not DeadLetter.objects.exists()
 
 
-def test_it_does_not_let_a_stale_outcome_touch_a_newer_claim(enqueue, sink, vclock):
+def test_it_restarts_the_claim_deadline_when_the_post_begins(enqueue, sink, vclock, stats):
+    """Time spent waiting for a delivery thread does not count against the POST (§7.5)."""
+    enqueue(messageId="m")
+    vclock.advance(1)
+    [claim] = machine.fire_due_alarms()
+    claimed_at = vclock.now
+    vclock.advance(DEADLINE_MS - 10)  # the delivery task waited for a worker thread
+    row = machine.start_delivery(claim)
+    assert row is not None
+    assert Message.objects.get().inflight_deadline == vclock.now + DEADLINE_MS
+    vclock.advance(20)  # past the claim-time deadline: the alarm fires and finds nothing lost
+    assert stats()["alarmAt"] == claimed_at + DEADLINE_MS
+    assert machine.fire_due_alarms() == []
+    assert stats()["alarmAt"] == claimed_at + 2 * DEADLINE_MS - 10
+    assert machine.apply_outcome(claim, row, "ack") == "acked"
+    assert stats() == {"pending": 0, "inflight": 0, "deadLetters": 0, "alarmAt": None}
+
+
+def test_it_does_not_start_a_claim_whose_deadline_passed(enqueue, sink, vclock):
+    enqueue(messageId="m")
+    vclock.advance(1)
+    [claim] = machine.fire_due_alarms()
+    vclock.advance(DEADLINE_MS)
+    assert machine.start_delivery(claim) is None
+    assert Message.objects.get().delivery_started_at is None
+
+
+def test_it_does_not_let_a_stale_retry_or_redelivery_touch_a_newer_claim(enqueue, sink, vclock):
     enqueue(messageId="m")
     vclock.advance(1)
     [old] = machine.fire_due_alarms()
@@ -211,10 +238,74 @@ def test_it_does_not_let_a_stale_outcome_touch_a_newer_claim(enqueue, sink, vclo
     vclock.advance(DEADLINE_MS)
     [new] = machine.fire_due_alarms()  # recovered and claimed again
     assert new.token != old.token
-    assert machine.apply_outcome(old, old_row, "ack") == "stale"
+    assert machine.apply_outcome(old, old_row, "retry", status=500, reason="HTTP 500") == "stale"
+    assert machine.apply_outcome(old, old_row, "redeliver", status=503, timeout_seconds=0) == "stale"
     row = Message.objects.get()
     assert row.claim_token == new.token and row.inflight_deadline == vclock.now + DEADLINE_MS
+    assert (row.attempt, row.last_error) == (0, None)
     assert delivery.deliver_claim(new).result == "acked"
+
+
+@pytest.mark.parametrize("kind,label", [("ack", "acked"), ("drop", "dropped")])
+def test_it_acks_a_late_2xx_whose_claim_was_recovered_and_skips_the_redelivery(enqueue, sink, vclock, kind, label):
+    enqueue(messageId="m", idempotencyKey="k")
+    vclock.advance(1)
+    [old] = machine.fire_due_alarms()
+    old_row = machine.start_delivery(old)  # the POST is slow...
+    vclock.advance(DEADLINE_MS)
+    [new] = machine.fire_due_alarms()  # ...so the claim is recovered and the message claimed again
+    # the slow POST's 2xx arrives now: the application accepted the message
+    assert machine.apply_outcome(old, old_row, kind) == label
+    assert not Message.objects.exists()
+    assert enqueue(messageId="m2", idempotencyKey="k")["deduped"] is False  # the key was released
+    # the newer claim finds nothing to deliver and nothing to apply
+    assert delivery.deliver_claim(new) is None
+    assert sink.count() == 0
+    assert machine.apply_outcome(new, old_row, "ack") == "stale"  # never acked twice
+    assert Message.objects.get().message_id == "m2"
+
+
+def test_it_acks_a_late_2xx_while_the_redelivery_is_in_flight_and_ignores_that_outcome(enqueue, sink, vclock):
+    enqueue(messageId="m")
+    vclock.advance(1)
+    [old] = machine.fire_due_alarms()
+    old_row = machine.start_delivery(old)
+    vclock.advance(DEADLINE_MS)
+    [new] = machine.fire_due_alarms()
+    new_row = machine.start_delivery(new)  # the redelivery's POST has begun too
+    assert machine.apply_outcome(old, old_row, "ack") == "acked"
+    for kind, extra in (("retry", {"status": 500, "reason": "HTTP 500"}), ("ack", {}), ("drop", {})):
+        assert machine.apply_outcome(new, new_row, kind, **extra) == "stale"
+    assert not Message.objects.exists() and not DeadLetter.objects.exists()
+    assert QueueCell.objects.get().alarm_at is None
+
+
+def test_it_acks_a_late_2xx_of_a_recovered_claim_through_a_real_delivery(enqueue, sink, vclock, monkeypatch):
+    enqueue(messageId="m")
+    real_post = delivery.post_message
+
+    def slow_post(row, **kw):
+        outcome = real_post(row, **kw)
+        vclock.advance(DEADLINE_MS)  # the answer took longer than the claim lasted...
+        assert machine.fire_due_alarms() != []  # ...and an alarm recovered and re-claimed it
+        return outcome
+
+    monkeypatch.setattr(delivery, "post_message", slow_post)
+    [report] = tick(vclock)
+    assert report.result == "acked"
+    monkeypatch.setattr(delivery, "post_message", real_post)
+    tick(vclock, DEADLINE_MS)
+    assert sink.count() == 1  # delivered once, not re-sent
+    assert not Message.objects.exists()
+
+
+def test_it_ignores_a_late_2xx_for_a_message_that_is_gone(enqueue, sink, vclock):
+    enqueue(messageId="m")
+    vclock.advance(1)
+    [claim] = machine.fire_due_alarms()
+    row = machine.start_delivery(claim)
+    assert machine.apply_outcome(claim, row, "ack") == "acked"
+    assert machine.apply_outcome(claim, row, "ack") == "stale"
 
 
 def test_it_keeps_firing_other_cells_when_one_cell_fails(rpc, sink, vclock, monkeypatch, caplog):
@@ -222,10 +313,10 @@ def test_it_keeps_firing_other_cells_when_one_cell_fails(rpc, sink, vclock, monk
         rpc.ok("queue", name, "enqueue", enqueue_request(messageId=f"m-{name}", target=sink.url))
     real = machine.claim_due_messages
 
-    def broken(cell, now):
+    def broken(cell, now, *args):
         if cell.name == "q:0":
             raise RuntimeError("disk on fire")
-        return real(cell, now)
+        return real(cell, now, *args)
 
     monkeypatch.setattr(machine, "claim_due_messages", broken)
     with caplog.at_level(logging.ERROR, logger="queueing.machine"):

@@ -7,13 +7,14 @@ runs the claimed deliveries to completion, like upstream's FakeFleet.
 from __future__ import annotations
 
 import json
+import time
 
 import pytest
 
 from queueing import machine
 from queueing.delivery import delivery_url
 from queueing.models import DeadLetter, Message, QueueCell
-from queueing.testing import HANG_UP, Answer, HttpSink, VirtualClock, enqueue_request, tick
+from queueing.testing import HANG_UP, Answer, DripServer, HttpSink, VirtualClock, enqueue_request, tick
 
 pytestmark = pytest.mark.django_db
 
@@ -182,6 +183,36 @@ def test_it_schedules_a_503_redelivery_timeout_seconds_later(queue, sink, vclock
     assert queue.stats()["alarmAt"] == (vclock.now + 1 if due_in <= 0 else vclock.now + due_in)
 
 
+@pytest.mark.parametrize(
+    "body,due_at",
+    [
+        (b'{"timeoutSeconds":-1e308}', 0),  # x 1000 = -inf: due now (ms13 floor 0), not an OverflowError
+        (b'{"timeoutSeconds":-1e400}', 0),  # JSON -Infinity
+        (b'{"timeoutSeconds":-' + b"9" * 400 + b"}", 0),  # an integer beyond double range
+        (b'{"timeoutSeconds":1e308}', 9_999_999_999_999),  # +inf: the latest representable due time
+        (b'{"timeoutSeconds":' + b"9" * 400 + b"}", 9_999_999_999_999),
+    ],
+)
+def test_it_clamps_non_finite_503_delays_instead_of_looping_in_flight(queue, sink, vclock, body, due_at):
+    sink.answer(Answer(503, body), Answer(200))
+    queue.enqueue(messageId="m")
+    [report] = tick(vclock)
+    assert report.result == "redelivery scheduled"
+    row = message("m")
+    assert (row.due_at, row.inflight_deadline, row.attempt) == (due_at, None, 0)
+    if due_at == 0:
+        assert queue.stats()["alarmAt"] == vclock.now + 1
+        [again] = tick(vclock)
+        assert again.result == "acked" and sink.count() == 2
+
+
+def test_it_clamps_every_float_into_the_ms13_range():
+    inf = float("inf")
+    assert [machine.clamp_ms(v) for v in (-inf, -1e300, -0.5, float("nan"), 0, 12.9, 1e300, inf)] == [
+        0, 0, 0, 0, 0, 12, 9_999_999_999_999, 9_999_999_999_999,
+    ]
+
+
 # --------------------------------------------------------------------------- the taxonomy (42, 44, 57–59)
 
 
@@ -263,6 +294,61 @@ def test_it_reports_a_timeout_as_a_transport_error(queue, sink, vclock, settings
     row = message("slow")
     assert row.attempt == 1
     assert row.last_error.startswith("transport error: ReadTimeout")
+
+
+def _row(target: str) -> machine.DeliveryRow:
+    return machine.DeliveryRow("m", "__wkf_step_test", "step", "{}", target, None, 0, 0, 0)
+
+
+def test_it_bounds_the_whole_post_by_the_delivery_timeout_even_when_the_peer_drips_its_headers():
+    from queueing.delivery import post_message
+
+    # 38 bytes at one byte per 100 ms: every read succeeds well within the
+    # timeout, so only a total deadline stops this after 600 ms (not ~3.8 s)
+    drip = DripServer(b"HTTP/1.1 200 OK\r\ncontent-length: 0\r\n\r\n", interval_s=0.1)
+    try:
+        t0 = time.monotonic()
+        outcome = post_message(_row(drip.url), timeout_ms=600)
+        elapsed = time.monotonic() - t0
+    finally:
+        drip.close()
+    assert outcome.kind == "retry" and outcome.status is None
+    assert outcome.reason.startswith("transport error: ReadTimeout"), outcome.reason
+    assert "600 ms" in outcome.reason
+    assert 0.55 <= elapsed < 1.0, elapsed
+
+
+def test_it_bounds_the_503_body_read_by_the_same_deadline():
+    from queueing.delivery import post_message
+
+    body = b'{"timeoutSeconds":0,"pad":"' + b"x" * 60 + b'"}'
+    drip = DripServer(
+        b"HTTP/1.1 503 Service Unavailable\r\ncontent-length: %d\r\n\r\n%s" % (len(body), body),
+        interval_s=0.05, head_fast=True,
+    )
+    try:
+        t0 = time.monotonic()
+        outcome = post_message(_row(drip.url), timeout_ms=500)
+        elapsed = time.monotonic() - t0
+    finally:
+        drip.close()
+    assert (outcome.kind, outcome.reason) == ("retry", "HTTP 503")  # the body never arrived in time
+    assert elapsed < 0.9, elapsed
+
+
+def test_it_applies_the_deadline_to_a_drip_fed_delivery_through_the_queue(queue, vclock, settings):
+    settings.QUEUE_DELIVERY_TIMEOUT_MS = "400"
+    drip = DripServer(b"HTTP/1.1 200 OK\r\ncontent-length: 0\r\n\r\n", interval_s=0.1)
+    try:
+        queue.enqueue(messageId="drip", target=drip.url)
+        t0 = time.monotonic()
+        [report] = tick(vclock)
+        assert time.monotonic() - t0 < 0.9
+    finally:
+        drip.close()
+    assert report.result == "retry scheduled"
+    row = message("drip")
+    assert row.attempt == 1 and row.last_error.startswith("transport error: ReadTimeout")
 
 
 def test_it_records_every_attempt_on_the_message(queue, sink, vclock):

@@ -142,15 +142,56 @@ def test_it_stops_claiming_and_leaves_unfinished_deliveries_to_their_deadline(rp
         rpc.ok("queue", "q:0", "enqueue", enqueue_request(messageId=f"m{i}", target=sink.url))
     assert sink.wait_for(2, 5)
     workers = list(p._workers)
-    assert p.stop(timeout_s=0.2) == 3  # two POSTs open, one claim never started
+    assert p.stop(timeout_s=0.2) == 2  # two POSTs open; m2 was never claimed (no idle thread)
     rpc.ok("queue", "q:0", "enqueue", enqueue_request(messageId="after-stop", target=sink.url))
+    stats = rpc.ok("queue", "q:0", "stats")
+    assert (stats["pending"], stats["inflight"]) == (2, 2)
     sink.release()
     for t in workers:
         t.join(5)
     time.sleep(0.2)
     assert sorted(r.message_id for r in sink.requests) == ["m0", "m1"]
     stats = rpc.ok("queue", "q:0", "stats")
-    assert (stats["pending"], stats["inflight"]) == (1, 1)  # m2 waits for its claim deadline
+    assert (stats["pending"], stats["inflight"]) == (2, 0)  # the stopped pump claimed nothing new
+
+
+def test_it_never_claims_more_than_its_idle_threads(rpc, sink, pump):
+    """A claim waiting in the pump for a thread would burn its deadline: due work stays pending instead."""
+    sink.hold()
+    p = pump(max_workers=2)
+    for i in range(5):
+        rpc.ok("queue", "q:0", "enqueue", enqueue_request(messageId=f"m{i}", target=sink.url))
+    assert sink.wait_for(2, 5)
+    time.sleep(0.3)  # ticks keep running: nothing more may be claimed
+    stats = rpc.ok("queue", "q:0", "stats")
+    assert (stats["pending"], stats["inflight"]) == (3, 2)
+    assert p.outstanding == 2
+    sink.release()
+    assert sink.wait_for(5, 10)
+    wait_until(lambda: not Message.objects.exists(), 5, "all acks")
+    assert sink.peak <= 2 and sink.count() == 5
+
+
+def test_it_serves_other_cells_while_one_cell_has_slow_targets(rpc, sink, pump):
+    """Two threads, a cell whose target takes 0.4 s per message, then a cell with a fast target:
+    the fast cell's messages go out as soon as a thread frees, not after the slow cell's backlog."""
+
+    def script(rec):
+        if rec.message_id.startswith("slow"):
+            time.sleep(0.4)
+        return Answer(200)
+
+    sink.script(script)
+    pump(max_workers=2)
+    for i in range(6):
+        rpc.ok("queue", "q:0", "enqueue", enqueue_request(messageId=f"slow{i}", target=sink.url))
+    assert sink.wait_for(2, 5)
+    for i in range(2):
+        rpc.ok("queue", "q:1", "enqueue", enqueue_request(messageId=f"fast{i}", target=sink.url))
+    assert sink.wait_for(8, 15)
+    order = [r.message_id for r in sink.requests]
+    assert order.index("fast0") < order.index("slow3") and order.index("fast1") < order.index("slow4"), order
+    wait_until(lambda: not Message.objects.exists(), 5, "all acks")
 
 
 def test_it_delivers_every_message_from_32_concurrent_enqueuers_on_2_shards(sink, pump):

@@ -132,6 +132,53 @@ def test_it_answers_400_for_a_malformed_enqueue_and_writes_nothing(rpc, request_
     assert not QueueCell.objects.exists()
 
 
+def _random_text(n: int) -> str:
+    import secrets
+
+    return secrets.token_urlsafe(n)[:n]  # incompressible: PostgreSQL cannot shrink it into an index entry
+
+
+@pytest.mark.parametrize(
+    "over,message",
+    [
+        ({"messageId": "m" * 1025}, "request.messageId: longer than 1024 UTF-8 bytes"),
+        ({"messageId": "\u00e9" * 513}, "request.messageId: longer than 1024 UTF-8 bytes"),
+        ({"idempotencyKey": "k" * 2049}, "request.idempotencyKey: longer than 2048 UTF-8 bytes"),
+        ({"queueName": "q" * 1025}, "request.queueName: longer than 1024 UTF-8 bytes"),
+        ({"pathname": "p" * 1025}, "request.pathname: longer than 1024 UTF-8 bytes"),
+        ({"target": "http://a/" + "x" * 8184}, "request.config.targetBaseUrl: longer than 8192 UTF-8 bytes"),
+    ],
+)
+def test_it_answers_400_for_over_long_ids_keys_and_names_before_touching_the_database(rpc, over, message):
+    status, body = rpc("queue", "q:0", "enqueue", enqueue_request(**{"messageId": "m", **over}))
+    assert (status, body) == (400, {"error": {"name": "ValidationError", "message": message}})
+    assert not QueueCell.objects.exists()
+
+
+def test_it_answers_400_for_random_3000_character_ids_instead_of_leaking_index_errors(rpc):
+    for over in ({"messageId": _random_text(3000)}, {"messageId": "m", "idempotencyKey": _random_text(3000)}):
+        status, body = rpc("queue", "q:0", "enqueue", enqueue_request(**over))
+        assert status == 400 and body["error"]["name"] == "ValidationError", body
+    name = "q:" + _random_text(3000)
+    for method, args in (("enqueue", [enqueue_request(messageId="m")]), ("stats", [])):
+        status, body = rpc("queue", name, method, *args)
+        assert status == 400, body
+        assert body["error"] == {"name": "ValidationError", "message": "cell name: longer than 1024 UTF-8 bytes"}
+    assert not QueueCell.objects.exists()
+    assert rpc.ok("queue", "q:0", "redriveDeadLetter", _random_text(3000)) == {"ok": False}
+
+
+def test_it_stores_and_dead_letters_ids_and_keys_right_at_the_caps(rpc, vclock):
+    mid, key, name = _random_text(1024), _random_text(2048), "q:" + _random_text(1022)
+    req = enqueue_request(messageId=mid, idempotencyKey=key, queueName=_random_text(1024),
+                          pathname=_random_text(1024), target="http://127.0.0.1:1/" + _random_text(8172))
+    assert rpc.ok("queue", name, "enqueue", req) == {"ok": True, "messageId": mid, "deduped": False}
+    assert rpc.ok("queue", name, "enqueue", {**req, "messageId": "other"})["deduped"] is True
+    plant_dead_letter(name, mid, 1_030_001, idempotency_key=key)
+    [dead] = rpc.ok("queue", name, "listDeadLetters")["data"]
+    assert dead["messageId"] == mid
+
+
 def test_it_answers_400_for_enqueue_without_arguments(rpc):
     status, body = rpc("queue", "q:0", "enqueue")
     assert status == 400 and body["error"]["message"] == "request: expected an object"
