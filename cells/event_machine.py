@@ -2,8 +2,9 @@
 
 ``apply_event(cell, request, now)`` applies one event to one run cell and
 returns the outcome dict. The caller (``cells.runs.RunCell.apply_event``)
-holds the cell's row lock inside ``transaction.atomic()``; everything written
-here commits or rolls back with that transaction.
+first opens the cell (``open_cell``: its row lock plus, in the same round
+trip, the rows the event type needs) and finishes it afterwards; everything
+written here commits or rolls back with that one transaction.
 
 The steps, in the normative order of §5.5:
 
@@ -55,9 +56,9 @@ from .event_schemas import (
     validate_run,
     validate_step,
 )
-from .models.runs import Event, Hook, HookMarker, Run, RunCellState, Step, creation_sort_key
+from .models.runs import LockedRunCell
 
-__all__ = ["SPEC_VERSION_CURRENT", "apply_event", "format_event_id", "js_string"]
+__all__ = ["SPEC_VERSION_CURRENT", "apply_event", "format_event_id", "js_string", "open_cell", "read_request"]
 
 SPEC_VERSION_CURRENT = 3
 EVENT_ID_PREFIX = "wevt_z"
@@ -68,6 +69,13 @@ TERMINAL_STEP = frozenset({"completed", "failed", "cancelled"})
 STEP_EVENTS = frozenset({"step_started", "step_completed", "step_failed", "step_retrying"})
 #: Event types that never read the run (§5.5 step 1).
 RUN_NOT_READ = frozenset({"run_created", "step_completed", "step_retrying"})
+RUN_EVENTS = frozenset({"run_created", "run_started", "run_completed", "run_failed", "run_cancelled"})
+TERMINAL_RUN_EVENTS = frozenset({"run_completed", "run_failed", "run_cancelled"})
+#: Event types that may create the run (and so the cell row).
+RUN_CREATORS = frozenset({"run_created", "run_started"})
+#: Event types that read the step / the hook their correlationId names.
+STEP_READS = STEP_EVENTS | {"step_created"}
+HOOK_READS = frozenset({"hook_created", "hook_disposed", "hook_received"})
 
 
 def format_event_id(sequence: int) -> str:
@@ -172,7 +180,7 @@ def success(**members: Any) -> dict[str, Any]:
 # --------------------------------------------------------------------------- the machine
 
 
-def read_request(cell: RunCellState, request: Any) -> tuple[str, dict[str, Any], Any]:
+def read_request(cell_name: str, request: Any) -> tuple[str, dict[str, Any], Any]:
     """Check the ``applyEvent`` envelope (§5.4): ``(runId, data, tokenHolder)``.
 
     ``runId`` must be the cell name (§12 A9: worldcell rejects a mismatch);
@@ -183,7 +191,7 @@ def read_request(cell: RunCellState, request: Any) -> tuple[str, dict[str, Any],
     run_id = request.get("runId", ABSENT)
     if not isinstance(run_id, str):
         raise ValidationError("request.runId: expected string")
-    if run_id != cell.name:
+    if run_id != cell_name:
         raise ValidationError("request.runId: must equal the run cell name in the URL")
     data = request.get("data", ABSENT)
     if not isinstance(data, dict):
@@ -191,13 +199,40 @@ def read_request(cell: RunCellState, request: Any) -> tuple[str, dict[str, Any],
     return run_id, compact(data), request.get("tokenHolder", ABSENT)
 
 
-def apply_event(cell: RunCellState, request: Any, now: datetime) -> dict[str, Any]:
-    """Apply one ``applyEvent`` request to the locked ``cell`` at ``now`` (§5.5).
+def open_cell(cell: LockedRunCell, data: dict[str, Any]) -> None:
+    """Lock ``cell`` and read, in the same round trip, what an event like ``data`` needs.
 
-    Returns the outcome dict. Raises ValidationError / CellError (the caller's
-    transaction then rolls everything back).
+    Only ``run_created`` and ``run_started`` can create a run, so only they
+    create a missing cell row; for any other type a missing row means no run,
+    no step and no hook, and the event can only be refused. What is read:
+    the run (not for ``step_completed``/``step_retrying``, §5.5 step 1; all
+    columns for ``run_*`` events, which return it), the step of a step event,
+    the hook (and marker) of a hook event, the live hooks of a terminal
+    transition, the ``run_started`` preload.
     """
-    run_id, data, token_holder = read_request(cell, request)
+    kind = data.get("eventType")
+    if not isinstance(kind, str):
+        kind = None
+    key = js_string(data.get("correlationId", ABSENT))
+    storable = storable_text(key)
+    cell.open(
+        create=kind in RUN_CREATORS,
+        run=None if kind in RUN_NOT_READ and kind != "run_created" else "full" if kind in RUN_EVENTS else "slim",
+        step_id=key if storable and kind in STEP_READS else None,
+        hook_id=key if storable and kind in HOOK_READS else None,
+        marker=kind == "hook_created",
+        live_hooks=kind in TERMINAL_RUN_EVENTS,
+        first_events=RUN_STARTED_PRELOAD if kind == "run_started" else None,
+    )
+
+
+def apply_event(cell: LockedRunCell, run_id: str, data: dict[str, Any], token_holder: Any,
+                now: datetime) -> dict[str, Any]:
+    """Apply one ``applyEvent`` request (``read_request``'s answer) to the opened ``cell`` at ``now`` (§5.5).
+
+    Returns the outcome dict; the writes are queued on ``cell``. Raises
+    ValidationError / CellError (the caller then rolls everything back).
+    """
     machine = _EventMachine(cell, run_id, data, token_holder, now)
     outcome = machine.apply()
     if outcome["ok"] and machine.sequence != cell.event_sequence:
@@ -208,7 +243,7 @@ def apply_event(cell: RunCellState, request: Any, now: datetime) -> dict[str, An
 class _EventMachine:
     """One ``applyEvent`` call: the request, ``now``, the loaded run and the event counter."""
 
-    def __init__(self, cell: RunCellState, run_id: str, data: dict[str, Any], token_holder: Any, now: datetime):
+    def __init__(self, cell: LockedRunCell, run_id: str, data: dict[str, Any], token_holder: Any, now: datetime):
         self.cell = cell
         self.run_id = run_id
         self.data = data
@@ -230,7 +265,7 @@ class _EventMachine:
     def apply(self) -> dict[str, Any]:
         kind = self.event_type
         if kind not in RUN_NOT_READ:  # 1
-            self.run = load_run(self.cell)
+            self.run = load_run(self.cell, full=kind in RUN_EVENTS)
         run_created = None
         if kind == "run_started" and self.run is None and js_truthy(self.event_data):  # 2
             run_created = self._bootstrap()
@@ -369,7 +404,7 @@ class _EventMachine:
         return member(self.event_data, name)
 
     def _run_created(self) -> dict[str, Any]:
-        existing = load_run(self.cell)
+        existing = load_run(self.cell, full=True)
         if existing is not None:  # idempotent replay (Q9): no event, nothing validated
             return success(run=existing)
         deployment_id = self._required_data("deploymentId")
@@ -561,101 +596,76 @@ class _EventMachine:
 
 
 # --------------------------------------------------------------------------- storage
+#
+# The machine reads and writes rows only through these functions; they are
+# the seams tests use to inject crashes. ``LockedRunCell`` (cells.models.runs)
+# holds the SQL: it has read most of what they return when the cell was
+# opened, and queues the writes until the call finishes.
 
 
-def load_run(cell: RunCellState) -> dict[str, Any] | None:
-    """The cell's run entity, or None."""
-    row = Run.objects.filter(cell=cell).first()
-    return None if row is None else row.to_entity(cell.name)
+def load_run(cell: LockedRunCell, full: bool = True) -> dict[str, Any] | None:
+    """The cell's run entity (``full=False``: at least ``status`` and ``specVersion``), or None."""
+    return cell.load_run(full)
 
 
-def create_run(cell: RunCellState, run: dict[str, Any]) -> None:
-    Run(cell=cell, **Run.entity_columns(run)).save(force_insert=True)
+def create_run(cell: LockedRunCell, run: dict[str, Any]) -> None:
+    cell.create_run(run)
 
 
-def update_run(cell: RunCellState, old: dict[str, Any], new: dict[str, Any]) -> None:
-    """Write the members of ``new`` that are not the very objects of ``old`` (big unchanged
-    payloads such as the run input are neither re-encoded nor rewritten)."""
-    Run.objects.filter(cell=cell).update(**Run.entity_columns(new, _changed(old, new)))
+def update_run(cell: LockedRunCell, old: dict[str, Any], new: dict[str, Any]) -> None:
+    """Write the members of ``new`` that changed (big unchanged payloads are not rewritten)."""
+    cell.update_run(old, new)
 
 
-def _changed(old: dict[str, Any], new: dict[str, Any]) -> list[str]:
-    return [m for m in old.keys() | new.keys() if new.get(m, ABSENT) is not old.get(m, ABSENT)]
+def load_step(cell: LockedRunCell, step_id: str) -> dict[str, Any] | None:
+    return cell.load_step(step_id)
 
 
-def load_step(cell: RunCellState, step_id: str) -> dict[str, Any] | None:
-    if not storable_text(step_id):  # no stored step can have this id
-        return None
-    row = Step.objects.filter(run_id=cell.pk, step_id=step_id).first()
-    return None if row is None else row.to_entity(cell.name)
+def create_step(cell: LockedRunCell, step: dict[str, Any]) -> None:
+    cell.create_step(step)
 
 
-def create_step(cell: RunCellState, step: dict[str, Any]) -> None:
-    sort_key = creation_sort_key(step["createdAt"], step["stepId"])
-    Step(run_id=cell.pk, sort_key=sort_key, **Step.entity_columns(step)).save(force_insert=True)
-
-
-def update_step(cell: RunCellState, old: dict[str, Any], new: dict[str, Any]) -> None:
+def update_step(cell: LockedRunCell, old: dict[str, Any], new: dict[str, Any]) -> None:
     """Like ``update_run``: only the members that changed."""
-    columns = Step.entity_columns(new, _changed(old, new))
-    Step.objects.filter(run_id=cell.pk, step_id=old["stepId"]).update(**columns)
+    cell.update_step(old, new)
 
 
-def load_hook(cell: RunCellState, hook_id: str) -> dict[str, Any] | None:
-    if not storable_text(hook_id):
-        return None
-    row = Hook.objects.filter(run_id=cell.pk, hook_id=hook_id).first()
-    return None if row is None else row.to_entity(cell.name)
+def load_hook(cell: LockedRunCell, hook_id: str) -> dict[str, Any] | None:
+    return cell.load_hook(hook_id)
 
 
-def hook_exists(cell: RunCellState, hook_id: str) -> bool:
-    return storable_text(hook_id) and Hook.objects.filter(run_id=cell.pk, hook_id=hook_id).exists()
+def hook_exists(cell: LockedRunCell, hook_id: str) -> bool:
+    return cell.load_hook(hook_id) is not None
 
 
-def marker_exists(cell: RunCellState, hook_id: str) -> bool:
-    return storable_text(hook_id) and HookMarker.objects.filter(run_id=cell.pk, hook_id=hook_id).exists()
+def marker_exists(cell: LockedRunCell, hook_id: str) -> bool:
+    return cell.has_marker(hook_id)
 
 
-def create_hook(cell: RunCellState, hook: dict[str, Any], event_id: str) -> None:
+def create_hook(cell: LockedRunCell, hook: dict[str, Any], event_id: str) -> None:
     """Store a new live hook and its never-deleted ``hookevent:`` marker."""
-    sort_key = creation_sort_key(hook["createdAt"], hook["hookId"])
-    Hook(run_id=cell.pk, sort_key=sort_key, **Hook.entity_columns(hook)).save(force_insert=True)
-    HookMarker(run_id=cell.pk, hook_id=hook["hookId"], event_id=event_id).save(force_insert=True)
+    cell.create_hook(hook, event_id)
 
 
-def delete_hook(cell: RunCellState, hook_id: str) -> None:
-    Hook.objects.filter(run_id=cell.pk, hook_id=hook_id).delete()
+def delete_hook(cell: LockedRunCell, hook_id: str) -> None:
+    cell.delete_hook(hook_id)
 
 
-def release_all_hooks(cell: RunCellState) -> list[dict[str, str]]:
+def release_all_hooks(cell: LockedRunCell) -> list[dict[str, str]]:
     """Delete every live hook of the run; ``[{hookId, token}]`` in ``hook:<id>`` key order (§5.6)."""
-    hooks = sorted(Hook.objects.filter(run_id=cell.pk).values_list("hook_id", "token"))
-    if hooks:
-        Hook.objects.filter(run_id=cell.pk).delete()
-    return [{"hookId": hook_id, "token": token} for hook_id, token in hooks]
+    return [{"hookId": hook_id, "token": token} for hook_id, token in cell.release_all_hooks()]
 
 
-def store_event(cell: RunCellState, event: dict[str, Any]) -> None:
+def store_event(cell: LockedRunCell, event: dict[str, Any]) -> None:
     """Append a validated event to the run's log."""
-    event_id = event["eventId"]
-    Event(
-        run_id=cell.pk,
-        event_id=event_id,
-        sequence=int(event_id[len(EVENT_ID_PREFIX):]),
-        event_type=event["eventType"],
-        correlation_id=event.get("correlationId"),
-        created_at=event["createdAt"],
-        body=codec.encode(event),
-    ).save(force_insert=True)
+    cell.store_event(event)
 
 
-def first_events(cell: RunCellState, limit: int) -> list[dict[str, Any]]:
+def first_events(cell: LockedRunCell, limit: int) -> list[dict[str, Any]]:
     """The run's first ``limit`` events in log order (the ``run_started`` preload, Q7)."""
-    bodies = Event.objects.filter(run_id=cell.pk).order_by("event_id").values_list("body", flat=True)[:limit]
-    return [codec.decode(body) for body in bodies]
+    return cell.first_events(limit)
 
 
-def save_event_sequence(cell: RunCellState, sequence: int) -> None:
+def save_event_sequence(cell: LockedRunCell, sequence: int) -> None:
     """Persist the event counter (only ever for an ``ok: true`` outcome)."""
-    RunCellState.objects.filter(pk=cell.pk).update(event_sequence=sequence)
-    cell.event_sequence = sequence
+    cell.save_event_sequence(sequence)

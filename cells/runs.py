@@ -3,12 +3,15 @@
 ``RunCell(name)`` serves the seven wire methods of the ``runs`` binding for
 the run whose id is ``name``. ``apply_event`` is the only writer: it runs in
 one transaction that first locks the cell's ``RunCellState`` row (creating it
-on first use), so calls on one run are serialised while calls on different
-runs never wait for each other (DESIGN.md rule 1). The state machine itself
-lives in ``cells.event_machine``.
+when the event may create the run), so calls on one run are serialised while
+calls on different runs never wait for each other (DESIGN.md rule 1). The
+state machine lives in ``cells.event_machine``, the SQL in
+``cells.models.runs`` (``LockedRunCell``: on PostgreSQL two round trips per
+event, prepared statements; ``read_*``: one statement per read).
 
 The reads never lock and never create anything: a run that was never written
-answers ``null`` / an empty page. The lists follow PROTOCOL.md §4.0:
+(or whose id could never be stored) answers ``null`` / an empty page. The
+lists follow PROTOCOL.md §4.0:
 ``listEvents`` is P1 (keyed by event id), ``listSteps``/``listHooks`` are P2
 (keyed by ``<ISO createdAt>:<id>``); each fetches one row more than the
 limit to tell ``hasMore``, and the cursor is the key of the last row
@@ -22,7 +25,6 @@ from __future__ import annotations
 from typing import Any
 
 from django.db import transaction
-from django.db.models import Model, QuerySet, Subquery
 
 from worldcell import clock
 from worldcell.errors import ValidationError
@@ -30,7 +32,7 @@ from worldcell.errors import ValidationError
 from . import event_machine
 from .event_machine import js_string
 from .event_schemas import ABSENT, ID_MAX_BYTES, check_indexed_size, storable_text
-from .models.runs import Event, Hook, Run, RunCellState, Step
+from .models.runs import LockedRunCell, is_missing_prepared_statement, read_event, read_page, read_run, read_step
 
 __all__ = ["RunCell"]
 
@@ -58,89 +60,94 @@ class RunCell:
         dereferences it and answers 500 ``TypeError`` (§5.8), and ids, names or
         tokens over the caps of ``cells.event_schemas`` (``ID_MAX_BYTES``,
         ``TOKEN_MAX_BYTES``; the run id in the URL too); nothing is written then.
+
+        One transaction: lock the cell row (creating it for events that may
+        create the run) and read what the event needs, run the state machine,
+        write. On PostgreSQL outside any ``atomic()`` block (every RPC) that is
+        two round trips, ``BEGIN`` and ``COMMIT`` included
+        (``LockedRunCell``); elsewhere it runs inside ``transaction.atomic()``.
         """
+        self._check_writable_name()
+        run_id, data, token_holder = event_machine.read_request(self.name, request)
+        if LockedRunCell.can_begin_inline():
+            for attempt in (1, 2):
+                cell = LockedRunCell(self.name, inline=True)
+                try:
+                    return self._apply(cell, run_id, data, token_holder)
+                except BaseException as exc:
+                    cell.abort()
+                    # a prepared statement vanished (pooler reset): everything was
+                    # rolled back and is re-prepared on the next attempt
+                    if attempt == 1 and is_missing_prepared_statement(exc):
+                        continue
+                    raise
         with transaction.atomic():
-            cell = self._lock_cell()
-            # "now" is read under the lock, so event times follow the log order
-            return event_machine.apply_event(cell, request, clock.now())
+            return self._apply(LockedRunCell(self.name), run_id, data, token_holder)
 
-    def _lock_cell(self) -> RunCellState:
-        """This cell's row, created if missing, locked until the transaction ends.
+    @staticmethod
+    def _apply(cell: LockedRunCell, run_id: str, data: dict[str, Any], token_holder: Any) -> dict[str, Any]:
+        event_machine.open_cell(cell, data)
+        # "now" is read under the lock, so event times follow the log order
+        outcome = event_machine.apply_event(cell, run_id, data, token_holder, clock.now())
+        cell.finish()
+        return outcome
 
-        Concurrent first calls both try ``INSERT … ON CONFLICT DO NOTHING``;
-        one inserts, the other waits for it and then finds the row, so no
-        caller ever sees an IntegrityError. SQLite's IMMEDIATE transactions
-        already serialise writers; ``FOR UPDATE`` is a no-op there.
-        """
+    def _check_writable_name(self) -> None:
+        """Raise ValidationError unless the run id can be stored (PostgreSQL text, btree entry size)."""
         if not storable_text(self.name):
             raise ValidationError("run id: U+0000 and unpaired surrogates are not supported")
         check_indexed_size(self.name, "run id", ID_MAX_BYTES)
-        locked = RunCellState.objects.select_for_update()
-        cell = locked.filter(name=self.name).first()
-        if cell is None:
-            RunCellState.objects.bulk_create([RunCellState(name=self.name)], ignore_conflicts=True)
-            cell = locked.get(name=self.name)
-        return cell
 
     # ------------------------------------------------------------------ reads
+    # A name or key that could never have been stored (U+0000, unpaired
+    # surrogate, longer than the cap) finds nothing, without a query.
+
+    def _readable(self, *keys: str) -> bool:
+        return _fits(self.name, ID_MAX_BYTES) and all(storable_text(k) for k in keys)
 
     def get_run(self) -> dict[str, Any] | None:
         """``getRun([])``: the run entity, or None."""
-        if not storable_text(self.name):
-            return None
-        row = Run.objects.filter(cell__name=self.name).first()
-        return None if row is None else row.to_entity(self.name)
+        return read_run(self.name) if self._readable() else None
 
     def get_step(self, step_id: Any = ABSENT) -> dict[str, Any] | None:
         """``getStep([stepId])``: the step, or None (no argument looks up ``step:undefined``)."""
-        row = self._find(Step, step_id=js_string(step_id))
-        return None if row is None else row.to_entity(self.name)
+        step_id = js_string(step_id)
+        return read_step(self.name, step_id) if self._readable(step_id) else None
 
     def get_event(self, event_id: Any = ABSENT) -> dict[str, Any] | None:
         """``getEvent([eventId])``: the event, or None."""
-        row = self._find(Event, event_id=js_string(event_id))
-        return None if row is None else row.to_entity()
+        event_id = js_string(event_id)
+        return read_event(self.name, event_id) if self._readable(event_id) else None
 
     def list_events(self, params: Any = None) -> dict[str, Any]:
         """``listEvents([params?])``: P1 page of events by event id (default limit 100)."""
-        return self._page(Event, "event_id", params, DEFAULT_LIMITS["events"], Event.to_entity)
+        return self._page("events", params)
 
     def list_steps(self, params: Any = None) -> dict[str, Any]:
         """``listSteps([params?])``: P2 page of steps by ``<ISO createdAt>:<stepId>`` (default 20)."""
-        return self._page(Step, "sort_key", params, DEFAULT_LIMITS["steps"], lambda r: r.to_entity(self.name))
+        return self._page("steps", params)
 
     def list_hooks(self, params: Any = None) -> dict[str, Any]:
         """``listHooks([params?])``: P2 page of live hooks by ``<ISO createdAt>:<hookId>`` (default 100)."""
-        return self._page(Hook, "sort_key", params, DEFAULT_LIMITS["hooks"], lambda r: r.to_entity(self.name))
+        return self._page("hooks", params)
 
-    # ------------------------------------------------------------------ helpers
-
-    def _rows(self, model: type[Model]) -> QuerySet:
-        """``model`` rows of this run only: ``run_id = (SELECT id … WHERE name = %s)``."""
-        cell_id = RunCellState.objects.filter(name=self.name).values("pk")
-        return model.objects.filter(run_id=Subquery(cell_id))
-
-    def _find(self, model: type[Model], **key: str) -> Any:
-        if not (storable_text(self.name) and all(storable_text(v) for v in key.values())):
-            return None  # no stored row can have such a key
-        return self._rows(model).filter(**key).first()
-
-    def _page(self, model: type[Model], key: str, params: Any, default_limit: int, render) -> dict[str, Any]:
-        """One page of ``model`` rows ordered by the bytewise ``key`` column (§4.0 P1/P2)."""
-        limit, cursor, descending = _page_params(params, default_limit)
-        if not storable_text(self.name):
+    def _page(self, list_kind: str, params: Any) -> dict[str, Any]:
+        """One page ordered by the bytewise key (event id or ``<ISO>:<id>``, §4.0 P1/P2)."""
+        limit, cursor, descending = _page_params(params, DEFAULT_LIMITS[list_kind])
+        if not self._readable():
             return {"data": [], "cursor": None, "hasMore": False}
-        rows = self._rows(model)
-        if cursor:
-            rows = rows.filter(**{f"{key}__lt" if descending else f"{key}__gt": cursor})
-        fetched = list(rows.order_by(f"-{key}" if descending else key)[: limit + 1])
+        fetched = read_page(list_kind, self.name, cursor, descending, limit + 1)
         has_more = len(fetched) > limit
         page = fetched[:limit]
         return {
-            "data": [render(row) for row in page],
-            "cursor": getattr(page[-1], key) if has_more and page else None,
+            "data": [entity for _, entity in page],
+            "cursor": page[-1][0] if has_more and page else None,
             "hasMore": has_more,
         }
+
+
+def _fits(text: str, max_bytes: int) -> bool:
+    return storable_text(text) and (len(text) * 4 <= max_bytes or len(text.encode("utf-8")) <= max_bytes)
 
 
 def _page_params(params: Any, default_limit: int) -> tuple[int, str | None, bool]:
