@@ -78,9 +78,9 @@ def test_later_events_do_not_rewrite_a_big_input(run, monkeypatch):
     sent: list[tuple[str, list]] = []
     execute = storage._execute
 
-    def recording(statements, batched):
+    def recording(db, statements, batched):
         sent.extend((sql, list(params)) for sql, params, _ in statements)
-        return execute(statements, batched)
+        return execute(db, statements, batched)
 
     run.create(input=[b"x" * 1_000_000])
     run.ok("step_created", "s1", {"stepName": "n", "input": b"y" * 1_000_000})

@@ -203,7 +203,7 @@ def test_it_recovers_when_prepared_statements_vanish(run):
 
 def test_without_batching_each_statement_goes_alone(run, monkeypatch):
     # PostgreSQL with OPTIONS["server_side_binding"] (and SQLite, always)
-    monkeypatch.setattr(storage, "batches_statements", lambda: False)
+    monkeypatch.setattr(storage, "batches_statements", lambda db: False)
     outcomes = _lifecycle(run)
     assert outcomes[-1]["event"]["eventId"] == format_event_id(14)
     assert run.event_ids() == [format_event_id(n) for n in range(1, 15)]
