@@ -236,3 +236,21 @@ def test_reads_the_open_did_not_preload_see_queued_writes(run):
     assert run.get_step("s1")["status"] == "pending"
     assert RunCell("wrun_test").apply_event(
         {"runId": "wrun_test", "data": {"eventType": "step_started", "correlationId": "s1"}})["ok"]
+
+
+def test_only_a_pending_run_preloads_its_events_for_run_started(run):
+    # run_started is replayed by every flow invocation: a running run must not
+    # read (up to 1000) event bodies it will not return
+    run.create()
+    with transaction.atomic():
+        cell = LockedRunCell("wrun_test")
+        event_machine.open_cell(cell, {"eventType": "run_started"})
+        assert [e["eventType"] for e in cell.first_events(1000)] == ["run_created"]
+        assert cell._first_bodies is not None
+    run.ok("run_started")
+    with transaction.atomic():
+        cell = LockedRunCell("wrun_test")
+        event_machine.open_cell(cell, {"eventType": "run_started"})
+        assert cell._first_bodies is None
+        assert len(cell.first_events(1000)) == 2  # still right if asked
+    assert "events" not in run.ok("run_started")

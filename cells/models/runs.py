@@ -470,6 +470,13 @@ _CREATE_CELL = (
 _LOCK_CELL = f'SELECT 1 FROM "{_CELL}" WHERE "name" = %s FOR UPDATE'
 _SAVE_SEQUENCE = f'UPDATE "{_CELL}" SET "event_sequence" = %s WHERE "id" = %s'
 _FIRST_EVENTS = f'SELECT "body" FROM "{_EVENT}" WHERE "run_id" = {_CELL_ID} ORDER BY "event_id" LIMIT %s'
+#: The ``run_started`` preload: only a pending run starts and returns its events;
+#: a replay on a running run (sent by every flow invocation) or a refusal on a
+#: finished one reads nothing.
+_FIRST_EVENTS_IF_PENDING = (
+    f'SELECT e."body" FROM "{_EVENT}" e JOIN "{_RUN}" r ON r."cell_id" = e."run_id" '
+    f'WHERE r."cell_id" = {_CELL_ID} AND r."status" = \'pending\' ORDER BY e."event_id" LIMIT %s'
+)
 _LIVE_HOOKS = f'SELECT "hook_id", "token" FROM "{_HOOK}" WHERE "run_id" = {_CELL_ID}'
 _DELETE_HOOK = f'DELETE FROM "{_HOOK}" WHERE "run_id" = %s AND "hook_id" = %s'
 _DELETE_HOOKS = f'DELETE FROM "{_HOOK}" WHERE "run_id" = %s'
@@ -838,7 +845,9 @@ class LockedRunCell:
             step_id, hook_id: also read this step / hook (storable ids only).
             marker: also read the ``hookevent:`` marker of ``hook_id``.
             live_hooks: also read ``(hookId, token)`` of every live hook.
-            first_events: also read the bodies of the first this-many events.
+            first_events: also read the bodies of the first this-many events (when the
+                run is pending: the only case that returns them; otherwise
+                ``first_events()`` reads them itself).
         """
         statements: list[tuple[str, Any, bool]] = []
         if self._inline:
@@ -851,7 +860,7 @@ class LockedRunCell:
         params = [k for k in (step_id, hook_id) if k is not None] + ([hook_id] if marker else []) + [self.name]
         statements.append((_load_sql(run, step_id is not None, hook_id is not None, marker), params, True))
         if first_events is not None:
-            statements.append((_FIRST_EVENTS, (self.name, first_events), True))
+            statements.append((_FIRST_EVENTS_IF_PENDING, (self.name, first_events), True))
         if live_hooks:
             statements.append((_LIVE_HOOKS, (self.name,), True))
         results = _execute(self._db, statements, self._batched)
@@ -893,7 +902,9 @@ class LockedRunCell:
             self._markers[hook_id] = row[at] is not None
         rest = 1
         if first_events is not None:
-            self._first_bodies = [r[0] for r in results[rest]]
+            loaded = self._run
+            if loaded is None or (loaded is not _UNREAD and loaded["status"] == "pending"):
+                self._first_bodies = [r[0] for r in results[rest]]  # complete: the run cannot change under the lock
             rest += 1
         if live_hooks:
             self._live_hooks = [(r[0], r[1]) for r in results[rest]]
