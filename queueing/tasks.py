@@ -80,26 +80,29 @@ def deliver_message(cell_name: str, cell_id: int, message_pk: int, message_id: s
     """POST one claimed message and apply the outcome, then keep the freed slot busy.
 
     After each outcome the task fires the cell itself (``deliver_and_claim_next``):
-    the first new claim is delivered by this same task, the others are sent as
-    new tasks. Returns the number of deliveries made.
+    the first new claim — already marked begun in that transaction — is
+    delivered by this same task, the others are sent as new tasks. The last
+    of ``MAX_DELIVERIES_PER_TASK`` deliveries claims nothing (its outcome
+    wakes the cell instead), so a begun claim never leaves this task.
+    Returns the number of deliveries made.
     """
-    claims = [Claim.from_task_args([cell_name, cell_id, message_pk, message_id, token])]
+    claim: Claim | None = Claim.from_task_args([cell_name, cell_id, message_pk, message_id, token])
     made = 0
     close_old_connections()
     try:
-        while claims and made < MAX_DELIVERIES_PER_TASK:
-            claim = claims.pop(0)
+        while claim is not None:
+            last = made + 1 >= MAX_DELIVERIES_PER_TASK
             try:
-                report, more = delivery.deliver_and_claim_next(claim)
+                report, more = delivery.deliver_and_claim_next(claim, should_claim=lambda: not last)
             except Exception:  # noqa: BLE001 - the claim stays in flight and is recovered after its deadline
                 log.exception("queue cell %s: delivery of %s failed", claim.cell_name, claim.message_id)
-                continue
+                return made
             if report is not None:
                 made += 1
-                log.info("%s", report.log_line())
+                if log.isEnabledFor(logging.INFO):
+                    log.info("%s", report.log_line())
             send_deliveries(more[1:])
-            claims = more[:1] + claims
-        send_deliveries(claims)
+            claim = more[0] if more else None
         return made
     finally:
         close_old_connections()
