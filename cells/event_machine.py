@@ -1,7 +1,7 @@
 """The run cell's event state machine: ``applyEvent`` (PROTOCOL.md §5.5–5.7).
 
-``apply_event(cell, request, now)`` applies one event to one run cell and
-returns the outcome dict. The caller (``cells.runs.RunCell.apply_event``)
+``apply_event(cell, run_id, data, token_holder, now)`` applies one event
+(checked by ``read_request``) to one run cell and returns the outcome dict. The caller (``cells.runs.RunCell.apply_event``)
 first opens the cell (``open_cell``: its row lock plus, in the same round
 trip, the rows the event type needs) and finishes it afterwards; everything
 written here commits or rolls back with that one transaction.
@@ -213,11 +213,17 @@ def open_cell(cell: LockedRunCell, data: dict[str, Any]) -> None:
     kind = data.get("eventType")
     if not isinstance(kind, str):
         kind = None
+    if kind in RUN_EVENTS:
+        run = "full"  # returned in the outcome (run_created: the replay returns the stored run)
+    elif kind in RUN_NOT_READ:
+        run = None  # step_completed, step_retrying never read it
+    else:
+        run = "slim"  # the guards need status and specVersion only
     key = js_string(data.get("correlationId", ABSENT))
     storable = storable_text(key)
     cell.open(
         create=kind in RUN_CREATORS,
-        run=None if kind in RUN_NOT_READ and kind != "run_created" else "full" if kind in RUN_EVENTS else "slim",
+        run=run,
         step_id=key if storable and kind in STEP_READS else None,
         hook_id=key if storable and kind in HOOK_READS else None,
         marker=kind == "hook_created",
