@@ -258,8 +258,10 @@ class Command(BaseCommand):
                 errors.append(f"{out.get('code')}: {out.get('message')}")
             return bool(out.get("ok"))
 
-        # Dead letters already in the shards are not this run's: count the difference.
-        dead_before = sum(self.world.call("queue", f"q:{s}", "stats")["deadLetters"] for s in range(shards))
+        # Messages and dead letters already in the shards are not this run's: count differences.
+        before = [self.world.call("queue", f"q:{s}", "stats") for s in range(shards)]
+        dead_before = sum(s["deadLetters"] for s in before)
+        left_before = sum(s["pending"] + s["inflight"] for s in before)
         try:
             t0 = time.time()
             elapsed, oks = run_parallel(n, o["clients"], enqueue)
@@ -285,7 +287,7 @@ class Command(BaseCommand):
         missing = accepted - len(successes)
         dup = sum(len(v) - 1 for v in successes.values())
         dead = sum(s["deadLetters"] for s in shard_stats.values()) - dead_before
-        leftover = sum(s["pending"] + s["inflight"] for s in shard_stats.values())
+        leftover = sum(s["pending"] + s["inflight"] for s in shard_stats.values()) - left_before
         integrity = {
             "ok": missing == 0 and dup == 0 and dead == 0 and leftover == 0 and accepted == n,
             "accepted": accepted, "delivered": len(successes), "missing": missing,
