@@ -85,6 +85,7 @@ __all__ = [
     "claim_due_messages",
     "dlq_key",
     "drop_message",
+    "cell_alarms",
     "due_cell_names",
     "enqueue",
     "enqueue_batch",
@@ -490,12 +491,18 @@ def enqueue_batch(cell_name: str, requests: list[EnqueueRequest], now: int | Non
     on its own, in order, as ``enqueue`` describes. The outcome is that of
     running the requests one after the other.
 
-    Wake-up on commit: only when an in-flight slot is free. While every slot
-    is taken, a wake-up could claim nothing; the delivery that frees a slot
-    claims the next due message in its own outcome transaction (which, being
-    serialised after this one by the cell lock, sees these messages), and a
-    slot held by a lost claim comes free through the alarm (beat / tick).
-    This saves a broker round trip per enqueue on a busy cell.
+    Wake-up on commit: only when an in-flight slot is free and the cell's
+    alarm was not already due. While every slot is taken, a wake-up could
+    claim nothing; the delivery that frees a slot claims the next due message
+    in its own outcome transaction (which, being serialised after this one by
+    the cell lock, sees these messages), and a slot held by a lost claim
+    comes free through the alarm (beat / tick). An alarm that is already due
+    means a claim phase is already on its way — the wake-up sent by the
+    transition that made it due, the outcome of a delivery in flight, or the
+    next beat — and it runs after this commit (a claim phase locks the cell;
+    the pump retries a due cell it found locked a few ms later), so it sees
+    these messages too. This saves a broker round trip per enqueue on a busy
+    cell: a burst of enqueues sends one wake-up, not one each.
 
     On PostgreSQL, outside any transaction and with the clock read here, the
     batch first goes through ``_enqueue_in_one_trip``; only the requests it
@@ -518,6 +525,7 @@ def _enqueue_batch(cell_name: str, requests: list[EnqueueRequest], now: int | No
     with transaction.atomic():
         cell = _lock_cell(cell_name, create=True)
         now = clock.now_ms() if now is None else now
+        alarm_before = cell.alarm_at
         if cell.queue_shards is not None:
             pinned = (cell.pk, cell.queue_shards)
             transaction.on_commit(lambda: _known_cells.__setitem__(cell_name, pinned))
@@ -572,9 +580,14 @@ def _enqueue_batch(cell_name: str, requests: list[EnqueueRequest], now: int | No
                 woken = True
             for i in sorted(alone):
                 results[i] = _enqueue_alone(cell, requests[i], now, due[i], bodies[i])
-        if not woken and inflight is not None and inflight < config.max_inflight():
+        if not woken and inflight is not None and _enqueue_needs_wake(alarm_before, inflight, now):
             _wake_after_commit(cell, now)
     return results  # type: ignore[return-value]
+
+
+def _enqueue_needs_wake(alarm_before: int | None, inflight: int, now: int) -> bool:
+    """Whether new messages need a wake-up of the cell's driver (see ``enqueue_batch``)."""
+    return inflight < config.max_inflight() and (alarm_before is None or alarm_before > now + config.MIN_ALARM_DELAY_MS)
 
 
 def _enqueue_alone(cell: QueueCell, request: EnqueueRequest, now: int, due_at: int, body: str) -> dict[str, Any]:
@@ -664,7 +677,8 @@ _ONE_TRIP_VALUES = (
     "NULL::bigint, NULL::varchar, NULL::bigint, 0, NULL::text, NULL::integer, NULL::bigint, %s::bigint)"
 )
 _ONE_TRIP_ENQUEUE = (
-    f'BEGIN; SELECT "name", "queue_shards" FROM "{_C}" WHERE "id" = %%s FOR UPDATE; '
+    f'BEGIN; SET LOCAL synchronous_commit TO OFF; '
+    f'SELECT "name", "queue_shards", "alarm_at" FROM "{_C}" WHERE "id" = %%s FOR UPDATE; '
     f'WITH "ins" AS (INSERT INTO "{_M}" ("cell_id", "message_id", "queue_name", "pathname", "body", '
     f'"target_base_url", "idempotency_key", "attempt", "enqueued_at", "due_at", "inflight_deadline", '
     f'"claim_token", "delivery_started_at", "deliveries", "last_error", "last_status", "last_attempt_at", '
@@ -677,7 +691,13 @@ _ONE_TRIP_ENQUEUE = (
     f'FROM (SELECT CASE WHEN MIN("due_at") <= %%s THEN %%s + {config.MIN_ALARM_DELAY_MS} ELSE MIN("due_at") END '
     f'AS "t" FROM "ins") AS "t" WHERE "id" = %%s AND "t"."t" IS NOT NULL RETURNING "alarm_at") '
     f"SELECT COALESCE((SELECT array_agg(\"message_id\") FROM \"ins\"), '{{}}'), "
-    f'(SELECT "alarm_at" FROM "arm"), ({_INFLIGHT_COUNT.replace("%s", "%%s")}); COMMIT'
+    f'(SELECT "alarm_at" FROM "arm"), ({_INFLIGHT_COUNT.replace("%s", "%%s")}); COMMIT; '
+    # durability without the lock: this last statement is a transaction of its own that writes a WAL record
+    # (a transactional logical message, available to every user at wal_level replica) and so commits
+    # synchronously, waiting for the WAL flush up to its commit record -- past the commit above, whose
+    # lock is already released. (A transaction that only took an id would not wait: PostgreSQL skips the
+    # flush when its commit record is all it wrote.)
+    f"SELECT pg_logical_emit_message(true, 'worldcell', 'enqueue')"
 )
 
 
@@ -686,8 +706,15 @@ def _enqueue_in_one_trip(cell_name: str, requests: list[EnqueueRequest]) -> list
 
     Lock the cell, insert every request that does not repeat an earlier
     one's id or key (``ON CONFLICT DO NOTHING``), arm the alarm for the
-    earliest inserted due time, count the claims in flight, commit
-    (synchronously: the client is told its message is stored). Returns one
+    earliest inserted due time, count the claims in flight, commit — without
+    waiting for the WAL flush, which the script's last statement then waits
+    for with the cell's lock already released (a synchronous commit flushes
+    every earlier asynchronous one with it): the client is told its message
+    is stored only once it is durable, but the cell's lock is not held across
+    a disk wait. (A delivery may read the message before that flush ends; a
+    database crash in that instant loses an enqueue the client was never told
+    succeeded — it retries — while the message may have been delivered:
+    at least once, as always.) Returns one
     answer per request, None for those left undecided: a conflict with a live
     message, a repeated id or key, another shard count. Wakes the cell after
     the commit when an in-flight slot is free (see ``enqueue_batch``).
@@ -719,15 +746,15 @@ def _enqueue_in_one_trip(cell_name: str, requests: list[EnqueueRequest]) -> list
                    r.idempotency_key, now, due_at, now]
     params += [cell_id, cell_name, shards, now, now, now, now, cell_id, cell_id]
     sql = _ONE_TRIP_ENQUEUE % ", ".join([_ONE_TRIP_VALUES] * len(bulk))
-    locked, [(inserted, alarm_at, inflight)] = _run_script(sql, params)
-    if locked != [(cell_name, shards)]:
+    locked, [(inserted, alarm_at, inflight)], _ = _run_script(sql, params)
+    if [row[:2] for row in locked] != [(cell_name, shards)]:
         _known_cells.pop(cell_name, None)  # stale (the cell was deleted): the general path re-learns it
         return decided
     inserted = set(inserted)
     for i in bulk:
         if requests[i].message_id in inserted:
             decided[i] = {"ok": True, "messageId": requests[i].message_id, "deduped": False}
-    if inflight < config.max_inflight():
+    if _enqueue_needs_wake(locked[0][2], inflight, now):
         wake.after_transition(cell_name, alarm_at, now)
     return decided
 
@@ -826,6 +853,8 @@ def fire_cell_alarm(
     skip_locked: bool = False,
     dispatch: Dispatch | None = None,
     max_claims: int | None = None,
+    on_locked: Callable[[], None] | None = None,
+    start: int = 0,
 ) -> list[Claim]:
     """Run cell ``cell_name``'s alarm handler if its alarm is due (PROTOCOL.md §9.1, §7.4).
 
@@ -841,12 +870,17 @@ def fire_cell_alarm(
     ``now`` (unless given), re-checks the alarm and runs
     ``claim_due_messages``; (3) on commit, ``dispatch(claims)`` and a
     countdown wake-up for the next alarm. ``max_claims`` caps the claims
-    (the in-process pump passes its idle delivery threads).
+    (the in-process pump passes its idle delivery threads); ``on_locked()``
+    is called when ``skip_locked`` gave up on a due cell (the pump then tries
+    again a few ms later). The first ``start`` claims come back started
+    (``Claim.started``): only for a caller that delivers them in this process.
     Returns the claims (empty when nothing was due or claimable).
     """
     fixed_now = now
-    now = clock.now_ms() if now is None else now
     state = _cell_state(cell_name)
+    # the clock is read after the read: an alarm that an enqueue re-armed to
+    # its own now + 1 just before (§7.8) is then never "in the future" here
+    now = clock.now_ms() if now is None else now
     if state is None:
         return []
     alarm_at, first_due, first_deadline, inflight = state
@@ -865,12 +899,14 @@ def fire_cell_alarm(
     with transaction.atomic():
         cell = _lock_cell(cell_name, skip_locked=skip_locked)
         if cell is None:
+            if on_locked is not None:
+                on_locked()
             return []
         now = clock.now_ms() if fixed_now is None else fixed_now
         if cell.alarm_at is None or cell.alarm_at > now + early_ms:
             _wake_after_commit(cell, now)
             return []
-        claims, recovered = claim_due_messages(cell, now, max_claims)
+        claims, recovered = claim_due_messages(cell, now, max_claims, start=start)
         if recovered:
             log.warning("queue cell %s: recovered %d lost claim(s) past their deadline", cell_name, recovered)
         if claims and dispatch is not None:
@@ -882,9 +918,15 @@ def fire_cell_alarm(
 
 def due_cell_names(at: int, *, limit: int = 10_000) -> list[str]:
     """Names of the cells whose alarm is ``≤ at``, longest-waiting (earliest alarm) first; one index scan."""
-    return list(
-        QueueCell.objects.filter(alarm_at__lte=at).order_by("alarm_at", "name").values_list("name", flat=True)[:limit]
-    )
+    return [name for name, _ in cell_alarms(at, limit=limit)]
+
+
+_CELL_ALARMS = f'SELECT "name", "alarm_at" FROM "{_C}" WHERE "alarm_at" <= %s ORDER BY "alarm_at", "name" LIMIT %s'
+
+
+def cell_alarms(at: int, *, limit: int = 10_000) -> list[tuple[str, int]]:
+    """``(name, alarm_at)`` of the cells whose alarm is ``≤ at``, earliest alarm first; one index scan."""
+    return _rows(_CELL_ALARMS, [at, limit])  # type: ignore[return-value]
 
 
 def fire_due_alarms(now: int | None = None, *, dispatch: Dispatch | None = None, limit: int = 10_000) -> list[Claim]:
@@ -1019,12 +1061,12 @@ def apply_outcomes(
     flushes every earlier asynchronous one with it).
 
     On PostgreSQL, outside any transaction and with the clock read here, the
-    acks and drops that ask for ``claim_next`` go through
-    ``_outcomes_in_one_trip``; everything else (and an ack whose claim was no
-    longer current) takes the general path below, in a second transaction.
+    outcomes that ask for ``claim_next`` go through ``_outcomes_in_one_trip``
+    (all but dead letters); everything else (and an outcome whose claim was
+    no longer current) takes the general path below, in a second transaction.
     """
     if now is None and _one_trip_enabled():
-        fast = [i for i, r in enumerate(requests) if r.kind in ("ack", "drop") and r.claim_next]
+        fast = [i for i, r in enumerate(requests) if _one_trip_outcome(r)]
         if fast:
             decided: list[tuple[str, list[Claim]] | None] = [None] * len(requests)
             for i, r in zip(fast, _outcomes_in_one_trip(cell_id, [requests[i] for i in fast])):
@@ -1169,22 +1211,26 @@ _ONE_TRIP_OUTCOMES = (
     f'UPDATE "{_M}" SET "due_at" = %%s, "inflight_deadline" = NULL, "claim_token" = NULL, '
     f'"delivery_started_at" = NULL, "updated_at" = %%s WHERE "cell_id" = %%s AND "inflight_deadline" <= %%s '
     f'RETURNING "id"; '
-    # ack / drop the current claims, then claim for the freed slots, first ones started (§7.7, §7.4 step 2)
+    # 503 redeliveries and counted retries of current claims (§7.6, §7.7); their ids are kept for the claim below
+    f'%s; '
+    # ack / drop the current claims, then claim for the freed slots, the first ones started (§7.7, §7.4 step 2)
     f'WITH "del" AS (DELETE FROM "{_M}" WHERE "cell_id" = %%s AND (%s) RETURNING "id"), '
+    f'"app" AS (SELECT "id" FROM "del" UNION ALL SELECT "x"::bigint FROM '
+    f"unnest(string_to_array(NULLIF(current_setting('worldcell.requeued', true), ''), ',')) AS \"x\"), "
     f'"pick" AS (SELECT "id", row_number() OVER (ORDER BY "due_at", "message_id") AS "rn" FROM "{_M}" '
     f'WHERE "cell_id" = %%s AND "due_at" IS NOT NULL AND "due_at" <= %%s ORDER BY "due_at", "message_id" '
     f'LIMIT GREATEST(0, LEAST((SELECT COALESCE(SUM("c"."cap"), 0) FROM (VALUES %s) AS "c"("id", "cap") '
-    f'JOIN "del" ON "del"."id" = "c"."id"), '
+    f'JOIN "app" ON "app"."id" = "c"."id"), '
     f'%%s - (({_INFLIGHT_COUNT.replace("%s", "%%s")}) - (SELECT COUNT(*) FROM "del"))))), '
     f'"upd" AS (UPDATE "{_M}" AS "m" SET "due_at" = NULL, "inflight_deadline" = %%s, "claim_token" = %%s, '
     f'"updated_at" = %%s, '
-    f'"delivery_started_at" = CASE WHEN "pick"."rn" <= (SELECT COUNT(*) FROM "del") THEN %%s::bigint END, '
-    f'"last_attempt_at" = CASE WHEN "pick"."rn" <= (SELECT COUNT(*) FROM "del") THEN %%s ELSE "m"."last_attempt_at" END, '
-    f'"deliveries" = "m"."deliveries" + CASE WHEN "pick"."rn" <= (SELECT COUNT(*) FROM "del") THEN 1 ELSE 0 END '
+    f'"delivery_started_at" = CASE WHEN "pick"."rn" <= (SELECT COUNT(*) FROM "app") THEN %%s::bigint END, '
+    f'"last_attempt_at" = CASE WHEN "pick"."rn" <= (SELECT COUNT(*) FROM "app") THEN %%s ELSE "m"."last_attempt_at" END, '
+    f'"deliveries" = "m"."deliveries" + CASE WHEN "pick"."rn" <= (SELECT COUNT(*) FROM "app") THEN 1 ELSE 0 END '
     f'FROM "pick" WHERE "m"."id" = "pick"."id" '
     f'RETURNING "m"."id", "pick"."rn", "m"."delivery_started_at" IS NOT NULL, '
     f'{", ".join(chr(34) + "m" + chr(34) + "." + chr(34) + c + chr(34) for c in _DELIVERY_COLUMNS)}) '
-    f'SELECT 0, "id", NULL::bigint, NULL::boolean, {", ".join(["NULL"] * len(_DELIVERY_COLUMNS))} FROM "del" '
+    f'SELECT 0, "id", NULL::bigint, NULL::boolean, {", ".join(["NULL"] * len(_DELIVERY_COLUMNS))} FROM "app" '
     f'UNION ALL SELECT 1, * FROM "upd"; '
     # scheduleNextAlarm(now), §7.8
     f'WITH "nx" AS (SELECT CASE WHEN "n" IS NULL THEN NULL WHEN "n" <= %%s THEN %%s + {config.MIN_ALARM_DELAY_MS} '
@@ -1194,42 +1240,86 @@ _ONE_TRIP_OUTCOMES = (
     f'AND "alarm_at" IS DISTINCT FROM "nx"."n") '
     f'SELECT "n" FROM "nx"; COMMIT'
 )
+_REQUEUE_NONE = "SELECT set_config('worldcell.requeued', '', true)"
+_REQUEUE = (
+    f'WITH "r" AS (UPDATE "{_M}" AS "m" SET "due_at" = "v"."due", '
+    f'"attempt" = CASE WHEN "v"."counted" THEN "v"."attempt" ELSE "m"."attempt" END, '
+    f'"last_error" = CASE WHEN "v"."counted" THEN "v"."err" ELSE "m"."last_error" END, '
+    f'"last_status" = "v"."status", "inflight_deadline" = NULL, "claim_token" = NULL, '
+    f'"delivery_started_at" = NULL, "updated_at" = %%s FROM (VALUES %s) AS '
+    f'"v"("id", "token", "due", "attempt", "err", "status", "counted") '
+    f'WHERE "m"."id" = "v"."id" AND "m"."claim_token" = "v"."token" RETURNING "m"."id") '
+    f"SELECT set_config('worldcell.requeued', COALESCE(string_agg(\"id\"::text, ','), ''), true) FROM \"r\""
+)
+_REQUEUE_ROW = "(%s::bigint, %s::varchar, %s::bigint, %s::integer, %s::text, %s::integer, %s::boolean)"
+_ONE_TRIP_LABELS = {"ack": "acked", "drop": "dropped", "redeliver": "redelivery scheduled", "retry": "retry scheduled"}
+
+
+def _one_trip_outcome(r: OutcomeRequest) -> bool:
+    """Whether ``_outcomes_in_one_trip`` takes this outcome (everything but dead letters, with ``claim_next``)."""
+    if not r.claim_next:
+        return False
+    if r.kind == "retry":
+        return r.row.attempt + 1 < config.max_attempts()
+    return True
 
 
 def _outcomes_in_one_trip(cell_id: int, requests: list[OutcomeRequest]) -> list[tuple[str, list[Claim]] | None]:
-    """Acks / drops of current claims plus the claim phase for their freed slots, in one round trip.
+    """Outcomes of current claims plus the claim phase for their freed slots, in one round trip.
 
-    Lock the cell; recover lost claims; delete the acked messages whose claim
-    is current; claim the earliest due messages for the freed slots (within
-    the requests' caps), the first one per applied request started; compute
-    ``scheduleNextAlarm(now)``; commit without waiting for the WAL flush
-    (see ``apply_outcomes``). Returns per request ``(label, claims)``, or
-    None for an ack whose claim was not current (the general path then
-    applies it as a late ack, or finds it stale). Wakes as the Python path
-    does: a countdown for a near future alarm (``wake.after_fire``).
+    Lock the cell; recover lost claims; requeue the 503 redeliveries (due at
+    ``now + timeoutSeconds``, not counted) and the counted retries (attempt
+    + 1, last error, due after the backoff); delete the acked and dropped
+    messages; claim the earliest due messages — a redelivery due now among
+    them — for the freed slots within the requests' caps, the first one per
+    applied request started; compute ``scheduleNextAlarm(now)``; commit
+    without waiting for the WAL flush (see ``apply_outcomes``). Returns per
+    request ``(label, claims)``, or None for an outcome whose claim was not
+    current (the general path then applies it as a late ack, or finds it
+    stale). Wakes as the Python path does: a countdown for a near future
+    alarm (``wake.after_fire``).
     """
     now = clock.now_ms()
     token = uuid.uuid4().hex
     deadline = clamp_ms(now + config.delivery_timeout_ms() + config.INFLIGHT_GRACE_MS)
     caps = [None if r.claim_next is True else int(r.claim_next) for r in requests]
     max_inflight = config.max_inflight()
-    match = " OR ".join(['("id" = %s AND "claim_token" = %s)'] * len(requests))
-    cap_rows = ", ".join(["(%s::bigint, %s::bigint)"] * len(requests))
-    params: list[Any] = [cell_id, now, now, cell_id, now, cell_id]
-    for r in requests:
+    acks = [r for r in requests if r.kind in ("ack", "drop")]
+    requeues = [r for r in requests if r.kind in ("redeliver", "retry")]
+    params: list[Any] = [cell_id, now, now, cell_id, now]
+    if requeues:
+        requeue = _REQUEUE % ", ".join([_REQUEUE_ROW] * len(requeues))
+        params.append(now)
+        for r in requeues:
+            if r.kind == "redeliver":
+                seconds = r.timeout_seconds if r.timeout_seconds is not None else 0
+                params += [r.claim.message_pk, r.claim.token, clamp_ms(now + seconds * 1000), r.row.attempt,
+                           None, r.status or 503, False]
+            else:
+                attempt = r.row.attempt + 1
+                params += [r.claim.message_pk, r.claim.token, clamp_ms(now + backoff_seconds(attempt) * 1000),
+                           attempt, r.reason or "unknown error", r.status, True]
+    else:
+        requeue = _REQUEUE_NONE
+    params.append(cell_id)
+    for r in acks:
         params += [r.claim.message_pk, r.claim.token]
+    match = " OR ".join(['("id" = %s AND "claim_token" = %s)'] * len(acks)) or "FALSE"
     params += [cell_id, now]
     for r, c in zip(requests, caps):
         params += [r.claim.message_pk, max_inflight if c is None else min(c, max_inflight)]
     params += [max_inflight, cell_id, deadline, token, now, now, now]
     params += [now, now, cell_id, cell_id, cell_id]
-    locked, recovered, rows, [(alarm_at,)] = _run_script(_ONE_TRIP_OUTCOMES % (match, cap_rows), params)
+    cap_rows = ", ".join(["(%s::bigint, %s::bigint)"] * len(requests))
+    locked, recovered, _, rows, [(alarm_at,)] = _run_script(
+        _ONE_TRIP_OUTCOMES % (requeue, match, cap_rows), params
+    )
     if not locked:
         return [None] * len(requests)
     name = locked[0][0]
     if recovered:
         log.warning("queue cell %s: recovered %d lost claim(s) past their deadline", name, len(recovered))
-    deleted = {row[1] for row in rows if row[0] == 0}
+    done = {row[1] for row in rows if row[0] == 0}
     claims: list[Claim] = []
     for _, pk, rn, started, *cols in sorted((r for r in rows if r[0] == 1), key=lambda r: r[2]):
         row = _delivery_row(tuple(cols))
@@ -1237,8 +1327,8 @@ def _outcomes_in_one_trip(cell_id: int, requests: list[OutcomeRequest]) -> list[
     results: list[tuple[str, list[Claim]] | None] = [None] * len(requests)
     applied: list[int] = []
     for i, r in enumerate(requests):
-        if r.claim.message_pk in deleted:
-            results[i] = ("acked" if r.kind == "ack" else "dropped", [])
+        if r.claim.message_pk in done:
+            results[i] = (_ONE_TRIP_LABELS[r.kind], [])
             applied.append(i)
     leftover = _hand_out_claims(claims, [results[i][1] for i in applied], [caps[i] for i in applied])
     if leftover:  # cannot happen: claims are capped by the applied requests' caps

@@ -83,7 +83,8 @@ class Message(models.Model):
     cannot POST the same claim twice.
     """
 
-    cell = models.ForeignKey(QueueCell, on_delete=models.CASCADE, related_name="messages")
+    # no index of its own: the unique (cell, message_id) index leads with it
+    cell = models.ForeignKey(QueueCell, on_delete=models.CASCADE, related_name="messages", db_index=False)
     message_id = BytewiseTextField()
     queue_name = models.TextField()
     pathname = models.TextField()
@@ -113,11 +114,25 @@ class Message(models.Model):
                 name="queue_message_unique_key",
             ),
         ]
+        # Partial indexes: a queue table churns (every claim and outcome writes a
+        # new row version), and an index over every row makes the in-flight
+        # count and the next-due lookup wade through all of a cell's rows and
+        # their dead versions. These hold only the scheduled, respectively the
+        # claimed, versions; every query on them says "IS NOT NULL" (or a
+        # comparison, which implies it) so both PostgreSQL and SQLite use them.
         indexes = [
             # claim_due_messages: earliest due first per cell; also counts pending.
-            models.Index(fields=["cell", "due_at", "message_id"], name="queue_message_due"),
+            models.Index(
+                fields=["cell", "due_at", "message_id"],
+                name="queue_message_due",
+                condition=Q(due_at__isnull=False),
+            ),
             # recovery of lost claims, inflight counts, next deadline.
-            models.Index(fields=["cell", "inflight_deadline"], name="queue_message_inflight"),
+            models.Index(
+                fields=["cell", "inflight_deadline"],
+                name="queue_message_inflight",
+                condition=Q(inflight_deadline__isnull=False),
+            ),
         ]
 
     def __str__(self) -> str:

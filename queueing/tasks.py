@@ -1,35 +1,85 @@
 """Celery tasks that drive the queue cells (DESIGN.md "Delivery").
 
 They only *wake* cells; the database decides (DESIGN.md rule 3). Any of
-these messages may be lost, duplicated or delayed: a lost delivery leaves its
-claim in flight until the deadline, then the next alarm makes it due again; a
-duplicated one fails the claim-token compare-and-set and does nothing.
+these messages may be lost, duplicated or delayed: a lost wake-up delays a
+delivery until the next beat tick, a duplicated one finds nothing to do.
 
 * ``fire_due_alarms`` — beat, every second: fire every cell whose alarm is
   due (``SKIP LOCKED`` on the cell rows; two beats do no harm).
-* ``wake_cell(name)`` — sent on commit after an enqueue, a redrive, a freed
-  in-flight slot, or as a short ``countdown`` for work due within a minute.
-* ``deliver_message(...)`` — POST one claimed message, apply the outcome, and
-  refill the freed in-flight slot itself (no broker round trip on a busy cell).
+* ``wake_cell(name)`` — sent on commit after an enqueue into a cell with a
+  free in-flight slot, a redrive, a rearm, or as a short ``countdown`` for
+  work due within a minute.
+* ``deliver_message(...)`` — POST one claimed message and keep its slot busy
+  (kept for claims dispatched as tasks, e.g. by an older release).
 
-Run the worker with a threads pool sized for ``shards × QUEUE_MAX_INFLIGHT``
-plus a few threads for the wake-ups, e.g.
-``celery -A worldcell worker --pool threads --concurrency 16`` and one
+**The worker delivers with a pump.** Both wake-up tasks only poke the
+worker process's ``LocalPump`` (``worker_pump()``, started on first use): its
+tick thread fires the due cells and its delivery threads POST the claims,
+each refilling its own freed slot in the outcome transaction — exactly what
+the dev fleet does. So no claim travels through the broker, a delivery
+thread keeps its database connection (Celery closes a task thread's
+connection after every task, and reconnecting costs more than a delivery),
+and the broker carries one small message per wake-up only. Wake-ups that
+the worker's own transitions need (a retry's backoff, a freed slot) go to
+its pump directly (``wake.wake_cell``). A claim the pump holds when the
+worker dies is recovered after its deadline, like any lost claim.
+
+``QUEUE_WORKER_DELIVERY_THREADS`` (default 16) sizes the pump: size it for
+shards × ``QUEUE_MAX_INFLIGHT``; the pump never claims more than it has idle
+threads, so a smaller pool delays deliveries but never strands a claim. The
+Celery pool itself only runs the short wake-up tasks:
+``celery -A worldcell worker --pool threads --concurrency 4`` and one
 ``celery -A worldcell beat``.
 """
 from __future__ import annotations
 
 import logging
+import os
+import threading
 
 from celery import shared_task
+from celery.signals import worker_shutting_down
+from django.conf import settings
 from django.db import close_old_connections
 
-from . import delivery, machine, wake
+from . import delivery, wake
 from .machine import Claim
+from .pump import LocalPump
 
 log = logging.getLogger("queueing.tasks")
 
-__all__ = ["deliver_message", "fire_due_alarms", "send_deliveries", "wake_cell"]
+__all__ = ["deliver_message", "fire_due_alarms", "send_deliveries", "wake_cell", "worker_pump"]
+
+#: Seconds between the worker pump's own ticks (wake-ups and beat poke it in between).
+WORKER_PUMP_INTERVAL_S = 1.0
+#: On a warm shutdown, how long the pump may finish deliveries in progress.
+WORKER_PUMP_DRAIN_S = 10.0
+
+_pump: LocalPump | None = None
+_pump_pid: int | None = None
+_pump_lock = threading.Lock()
+
+
+def worker_pump() -> LocalPump:
+    """This worker process's delivery pump, started on first use (and again after a fork)."""
+    global _pump, _pump_pid
+    if _pump is None or _pump_pid != os.getpid():
+        with _pump_lock:
+            if _pump is None or _pump_pid != os.getpid():
+                threads = int(getattr(settings, "QUEUE_WORKER_DELIVERY_THREADS", 16) or 16)
+                _pump = LocalPump(interval_s=WORKER_PUMP_INTERVAL_S, max_workers=threads, log_deliveries=True)
+                _pump.start()
+                _pump_pid = os.getpid()
+    return _pump
+
+
+@worker_shutting_down.connect
+def _stop_worker_pump(**kwargs) -> None:
+    pump = _pump
+    if pump is not None and _pump_pid == os.getpid():
+        left = pump.stop(WORKER_PUMP_DRAIN_S)
+        if left:
+            log.warning("queue pump stopped with %d delivery(ies) unfinished; redelivered after their deadline", left)
 
 
 def send_deliveries(claims: list[Claim]) -> None:
@@ -49,26 +99,17 @@ def send_deliveries(claims: list[Claim]) -> None:
 
 @shared_task(name="queueing.tasks.fire_due_alarms", ignore_result=True)
 def fire_due_alarms() -> int:
-    """Fire every due queue cell alarm and send the deliveries; returns the number of claims."""
-    close_old_connections()
-    try:
-        return len(machine.fire_due_alarms(dispatch=send_deliveries))
-    finally:
-        close_old_connections()
+    """Beat: have this worker's pump fire every due queue cell now (``LocalPump.tick``)."""
+    worker_pump().wake()
+    return 0
 
 
 @shared_task(name="queueing.tasks.wake_cell", ignore_result=True)
 def wake_cell(cell_name: str) -> int:
-    """Run cell ``cell_name``'s alarm handler if its alarm is due; returns the number of claims."""
+    """Have this worker's pump run cell ``cell_name``'s alarm handler now (if its alarm is due)."""
     wake.forget_scheduled(cell_name)
-    close_old_connections()
-    try:
-        return len(machine.fire_cell_alarm(cell_name, early_ms=1, skip_locked=True, dispatch=send_deliveries))
-    except Exception:  # noqa: BLE001 - logged with the cell name; beat fires it again
-        log.exception("queue cell %s: wake-up failed; the next beat tick fires it again", cell_name)
-        return 0
-    finally:
-        close_old_connections()
+    worker_pump().wake(cell_name)
+    return 0
 
 
 #: Deliveries one ``deliver_message`` task makes in a row while it keeps refilling its own slot.

@@ -1,4 +1,4 @@
-"""Waking a queue cell's driver: Celery when ``WORLDCELL_USE_CELERY``, else the in-process pump.
+"""Waking a queue cell's driver: this process's pump if it runs one, else Celery (``WORLDCELL_USE_CELERY``).
 
 The database decides what is due (DESIGN.md rule 3); a wake-up only asks
 "run this cell's alarm handler now (or at ``at_ms``)". Losing, duplicating or
@@ -49,7 +49,7 @@ _WAKE_EXPIRES_S = 30.0
 
 
 class Pump(Protocol):
-    def wake(self, cell_name: str | None = None) -> None: ...
+    def wake(self, cell_name: str | None = None, at_ms: int | None = None) -> None: ...
 
 
 _pump: Pump | None = None
@@ -82,21 +82,22 @@ def current_pump() -> Pump | None:
 def wake_cell(name: str, at_ms: int | None = None, now: int | None = None) -> None:
     """Ask the driver to run cell ``name``'s alarm handler now, or at ``at_ms`` (epoch ms).
 
-    With Celery: sends ``queueing.tasks.wake_cell`` (with a ``countdown`` for
-    a future ``at_ms``; a countdown this process already sent for an earlier
-    or equal time is not repeated, because that wake re-schedules the next
-    one). Without Celery: pokes the registered pump (future times are left to
-    its tick). Never raises: a failed send is logged with the cell name.
+    A process that runs a pump (the dev fleet, or a Celery worker, whose
+    ``wake_cell`` tasks drive its pump) pokes it directly — now, or at
+    ``at_ms`` — without a round trip through the broker. Elsewhere, with
+    Celery: sends ``queueing.tasks.wake_cell`` (with a ``countdown`` for a
+    future ``at_ms``; a countdown this process already sent for an earlier or
+    equal time is not repeated, because that wake re-schedules the next one).
+    Never raises: a failed send is logged with the cell name.
     """
     now = clock.now_ms() if now is None else now
     delay_ms = 0 if at_ms is None else max(0, at_ms - now)
     try:
-        if settings.WORLDCELL_USE_CELERY:
+        pump = _pump
+        if pump is not None:
+            pump.wake(name, None if delay_ms <= config.MIN_ALARM_DELAY_MS else now + delay_ms)
+        elif settings.WORLDCELL_USE_CELERY:
             _send_celery_wake(name, delay_ms, now)
-        elif delay_ms <= config.MIN_ALARM_DELAY_MS:
-            pump = _pump
-            if pump is not None:
-                pump.wake(name)
     except Exception:  # noqa: BLE001 - a lost wake only delays delivery until the next tick
         log.exception("queue cell %s: could not send a wake-up; the next beat tick will fire it", name)
 

@@ -8,6 +8,7 @@ Redis. Each test gets a brand-new database that the fleet migrates itself.
 from __future__ import annotations
 
 import contextlib
+import os
 import time
 import uuid
 
@@ -33,7 +34,7 @@ def fresh_fleet(tmp_path):
             conn.execute(f'CREATE DATABASE "{name}"')
         url = f"postgres://{db['USER'] or 'postgres'}@{db['HOST'] or '127.0.0.1'}:{db['PORT'] or 5432}/{name}"
         try:
-            with celery_fleet(url, tmp_path, tmp_path, broker_url="redis://127.0.0.1:6379/6") as (fleet_url, secret, _):
+            with celery_fleet(url, tmp_path, tmp_path, broker_url=f"redis://127.0.0.1:6379/{int(os.environ.get('TEST_REDIS_DB_BASE', '5')) + 1}") as (fleet_url, secret, _):
                 yield fleet_url, secret
         finally:
             with psycopg.connect(admin, autocommit=True) as conn:

@@ -313,10 +313,10 @@ def test_it_keeps_firing_other_cells_when_one_cell_fails(rpc, sink, vclock, monk
         rpc.ok("queue", name, "enqueue", enqueue_request(messageId=f"m-{name}", target=sink.url))
     real = machine.claim_due_messages
 
-    def broken(cell, now, *args):
+    def broken(cell, now, *args, **kwargs):
         if cell.name == "q:0":
             raise RuntimeError("disk on fire")
-        return real(cell, now, *args)
+        return real(cell, now, *args, **kwargs)
 
     monkeypatch.setattr(machine, "claim_due_messages", broken)
     with caplog.at_level(logging.ERROR, logger="queueing.machine"):

@@ -30,7 +30,8 @@ from queueing.testing import Answer, HttpSink, enqueue_request
 
 pytestmark = [pytest.mark.celery, pytest.mark.postgres_only, pytest.mark.django_db(transaction=True)]
 
-BROKER = "redis://127.0.0.1:6379/5"
+#: parallel test sessions on one machine set TEST_REDIS_DB_BASE to keep their brokers apart
+BROKER = f"redis://127.0.0.1:6379/{int(os.environ.get('TEST_REDIS_DB_BASE', '5'))}"
 #: the worker dead-letters after 3 counted failures (2 s + 4 s of backoff), to keep the module short
 MAX_ATTEMPTS = 3
 ROOT = Path(__file__).resolve().parents[1]

@@ -315,3 +315,26 @@ def test_it_keeps_the_inflight_cap_under_concurrent_enqueues_and_outcomes(path, 
     assert sorted(delivered) == sorted(f"p{p}-{i}" for p in range(8) for i in range(25))
     assert peak[0] <= 3
     assert not Message.objects.exists()
+
+
+def test_it_claims_a_503_redelivery_due_now_in_the_same_transaction(vclock, path):
+    pin()
+    machine.enqueue(Q, req("m", idempotencyKey="k"))
+    vclock.advance(1)
+    [(claim, row)] = _claim_all().values()
+    vclock.advance(3)
+    [(label, [again])] = machine.apply_outcomes(claim.cell_id, [
+        machine.OutcomeRequest(claim, row, "redeliver", status=503, timeout_seconds=0, claim_next=True)
+    ])
+    assert label == "redelivery scheduled"
+    assert again.message_id == "m" and again.started is not None and again.token != claim.token
+    assert (again.started.attempt, again.started.deliveries) == (0, 2)  # not counted; the second POST
+    stored = Message.objects.get()
+    assert (stored.attempt, stored.last_status, stored.inflight_deadline) == (0, 503, vclock.now + DEADLINE_MS)
+    [(label, none)] = machine.apply_outcomes(claim.cell_id, [
+        machine.OutcomeRequest(again, again.started, "retry", status=500, reason="HTTP 500", claim_next=True)
+    ])
+    assert (label, none) == ("retry scheduled", [])
+    stored = Message.objects.get()
+    assert (stored.attempt, stored.last_error, stored.due_at) == (1, "HTTP 500", vclock.now + 2_000)
+    assert stats() == {"pending": 1, "inflight": 0, "deadLetters": 0, "alarmAt": vclock.now + 2_000}

@@ -14,6 +14,7 @@ from django.db import connection
 
 from queueing import delivery, machine
 from queueing.models import DeadLetter, Message
+from queueing.models import QueueCell as QueueCellRow
 from queueing.pump import LocalPump
 from queueing.service import QueueCell
 from queueing.testing import Answer, HttpSink, enqueue_request
@@ -285,3 +286,79 @@ def test_it_never_delivers_twice_under_two_hammering_alarm_loops(sink):
     counts = Counter(r.message_id for r in sink.requests)
     assert len(counts) == 160 and max(counts.values()) == 1
     assert not Message.objects.exists()
+
+
+def test_it_counts_an_alarm_re_armed_during_its_scan_as_due(rpc, sink, monkeypatch):
+    """An enqueue re-arms an overdue alarm to its own now + 1 (§7.8) and, its cell's alarm being
+    due already, sends no wake-up: a tick that read its clock before the scan would see that alarm
+    1 ms in the future, skip the cell, and nothing would wake it again."""
+    from queueing.testing import VirtualClock
+
+    vclock = VirtualClock().install()
+    try:
+        rpc.ok("queue", "q:0", "enqueue", enqueue_request(messageId="m", target=sink.url))
+        real = machine.cell_alarms
+
+        def scan_while_an_enqueue_commits(at):
+            vclock.advance(1)
+            QueueCellRow.objects.filter(name="q:0").update(alarm_at=vclock.now + 1)
+            return real(at)
+
+        monkeypatch.setattr(machine, "cell_alarms", scan_while_an_enqueue_commits)
+        p = LocalPump(max_workers=2, register=False)
+        assert p.tick() == 1
+        claim = p._jobs.get_nowait()
+        assert claim.message_id == "m" and claim.started is not None  # claimed and started for the pump's thread
+    finally:
+        vclock.uninstall()
+
+
+def test_it_fires_a_cell_whose_alarm_was_re_armed_during_the_pre_check(rpc, sink, monkeypatch):
+    from queueing.testing import VirtualClock
+
+    vclock = VirtualClock().install()
+    try:
+        rpc.ok("queue", "q:0", "enqueue", enqueue_request(messageId="m", target=sink.url))
+        real = machine._cell_state
+
+        def state_while_an_enqueue_commits(name):
+            vclock.advance(1)
+            QueueCellRow.objects.filter(name=name).update(alarm_at=vclock.now + 1)
+            return real(name)
+
+        monkeypatch.setattr(machine, "_cell_state", state_while_an_enqueue_commits)
+        assert [c.message_id for c in machine.fire_cell_alarm("q:0", early_ms=1, skip_locked=True)] == ["m"]
+    finally:
+        vclock.uninstall()
+
+
+def test_it_retries_a_due_cell_it_found_locked(rpc, sink):
+    """A tick that finds a due cell locked (SKIP LOCKED) comes back a few ms later: the lock
+    holder may be an enqueue that, the alarm being due already, sends no wake-up of its own."""
+    from django.db import connections, transaction
+
+    rpc.ok("queue", "q:0", "enqueue", enqueue_request(messageId="m", target=sink.url))  # due; nobody listens
+    p = LocalPump(interval_s=30, max_workers=2, register=False).start()
+    held, release = threading.Event(), threading.Event()
+
+    def hold_the_cell():
+        try:
+            with transaction.atomic():
+                machine._lock_cell("q:0")
+                held.set()
+                release.wait(5)
+        finally:
+            connections["default"].close()
+
+    holder = threading.Thread(target=hold_the_cell)
+    holder.start()
+    try:
+        assert held.wait(5)
+        p.wake("q:0")  # the only poke: it meets the lock
+        time.sleep(0.15)
+        release.set()
+        holder.join(5)
+        assert sink.wait_for(1, 3), "the locked cell was never fired again"
+    finally:
+        release.set()
+        p.stop(5)
