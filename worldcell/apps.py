@@ -1,4 +1,5 @@
 from django.apps import AppConfig
+from django.contrib.admin import apps as admin_apps
 
 
 class WorldcellConfig(AppConfig):
@@ -14,3 +15,14 @@ class WorldcellConfig(AppConfig):
 
     def ready(self) -> None:
         from . import celery  # noqa: F401  (creates and sets the current Celery app)
+
+
+class ConsoleAdminConfig(admin_apps.AdminConfig):
+    """``django.contrib.admin`` with the operator console's site as ``admin.site``.
+
+    Listed in ``INSTALLED_APPS`` instead of ``django.contrib.admin`` (Django's
+    documented way to override the default site).
+    """
+
+    default = False  # the ``worldcell`` app itself is WorldcellConfig
+    default_site = "worldcell.admin_site.ConsoleSite"
