@@ -177,63 +177,43 @@ class _Renderer:
             self.more(" …")
 
     def mapping(self, v: dict, depth: int) -> None:
-        partial = isinstance(v, PartialDict)
-        if not v:
-            self.emit("{")
-            if partial:
-                self.more("…")
-            self.emit("}")
-            return
-        if depth >= self.max_depth:
-            self.more("{…}")
-            return
-        self.emit("{")
-        items = list(v.items())
-        for n, (key, item) in enumerate(items[: self.max_items]):
-            if self.exhausted:
-                return
-            self.newline(depth + 1)
-            self.emit(_json_string(key), "wc-key")
-            self.emit(": ")
-            self.value(item, depth + 1)
-            if n < len(items) - 1 or partial:
-                self.emit(", " if self.inline else ",")
-        if len(items) > self.max_items:
-            self.newline(depth + 1)
-            self.more(f"… {len(items) - self.max_items:,} more members")
-        if partial:
-            self.newline(depth + 1)
-            self.more("… (cut)")
-        self.newline(depth)
-        self.emit("}")
+        self.container("{", "}", list(v.items()), isinstance(v, PartialDict), depth, "members")
 
     def sequence(self, v: list, depth: int) -> None:
-        partial = isinstance(v, PartialList)
-        if not v:
-            self.emit("[")
+        self.container("[", "]", [(None, item) for item in v], isinstance(v, PartialList), depth, "items")
+
+    def container(
+        self, opening: str, closing: str, entries: list[tuple[str | None, Any]], partial: bool, depth: int, noun: str
+    ) -> None:
+        """An object (entries ``(key, value)``) or an array (keys None), cut at ``max_items`` / ``max_depth``."""
+        if not entries:
+            self.emit(opening)
             if partial:
                 self.more("…")
-            self.emit("]")
+            self.emit(closing)
             return
         if depth >= self.max_depth:
-            self.more("[…]")
+            self.more(f"{opening}…{closing}")
             return
-        self.emit("[")
-        for n, item in enumerate(v[: self.max_items]):
+        self.emit(opening)
+        for n, (key, item) in enumerate(entries[: self.max_items]):
             if self.exhausted:
                 return
             self.newline(depth + 1)
+            if key is not None:
+                self.emit(_json_string(key), "wc-key")
+                self.emit(": ")
             self.value(item, depth + 1)
-            if n < len(v) - 1 or partial:
+            if n < len(entries) - 1 or partial:
                 self.emit(", " if self.inline else ",")
-        if len(v) > self.max_items:
+        if len(entries) > self.max_items:
             self.newline(depth + 1)
-            self.more(f"… {len(v) - self.max_items:,} more items")
+            self.more(f"… {len(entries) - self.max_items:,} more {noun}")
         if partial:
             self.newline(depth + 1)
             self.more("… (cut)")
         self.newline(depth)
-        self.emit("]")
+        self.emit(closing)
 
     def html(self) -> str:
         return "".join(self.parts)
