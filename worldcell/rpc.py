@@ -136,13 +136,17 @@ def handle(request: HttpRequest) -> HttpResponse:
     """Answer one request under ``/v1`` following PROTOCOL.md §2.2 step by step.
 
     A ``HEAD`` request gets the status and headers of the answer with no body
-    (RFC 9110 §9.3.2), so a kept-alive connection stays in sync.
+    (RFC 9110 §9.3.2), so a kept-alive connection stays in sync. Every answer
+    carries ``Content-Length``: without it waitress falls back to a chunked
+    answer and closes the connection after it (no keep-alive, pipelined
+    requests dropped; docs/http-servers.md).
 
     Returns the HTTP response; never raises for bad input. Method errors are
     500 (``CellError`` name/message), validation errors 400, and unexpected
     exceptions 500 with their class name, logged with a traceback.
     """
     response = _answer(request)
+    response["Content-Length"] = str(len(response.content))
     if request.method == "HEAD":
         response.content = b""
     return response
