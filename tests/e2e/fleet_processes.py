@@ -33,7 +33,7 @@ PY = sys.executable
 
 README = ROOT / "README.md"
 API_SERVERS = {"waitress": "waitress-serve", "gunicorn": "gunicorn"}
-README_LISTEN = "127.0.0.1:8787"
+README_LISTEN = {"waitress": "127.0.0.1:8787", "gunicorn": "127.0.0.1:8000"}  # gunicorn sits behind nginx
 
 
 def readme_api_command(kind: str, port: int) -> list[str]:
@@ -44,13 +44,13 @@ def readme_api_command(kind: str, port: int) -> list[str]:
     the server exactly as an operator would; raises LookupError when the README
     has no such line.
     """
-    exe = API_SERVERS[kind]
+    exe, listen = API_SERVERS[kind], README_LISTEN[kind]
     for line in README.read_text().splitlines():
         text = line.strip().removeprefix("# ").strip()
-        if text.startswith(exe + " ") and README_LISTEN in text:
-            argv = shlex.split(text.replace(README_LISTEN, f"127.0.0.1:{port}"))
+        if text.startswith(exe + " ") and listen in text:
+            argv = shlex.split(text.replace(listen, f"127.0.0.1:{port}"))
             return [str(Path(PY).parent / argv[0]), *argv[1:]]
-    raise LookupError(f"README.md has no {exe} command line listening on {README_LISTEN}")
+    raise LookupError(f"README.md has no {exe} command line listening on {listen}")
 
 
 def free_port() -> int:
