@@ -34,7 +34,8 @@ class BodyTooLarge(Exception):
 
 class BodyUnreadable(Exception):
     """The request body could not be read whole: broken chunked framing, or the
-    connection ended before ``Content-Length`` bytes arrived (docs/http-servers.md)."""
+    connection ended before ``Content-Length`` bytes arrived (docs/http-servers.md "Broken framing").
+    """
 
 
 def json_response(body: bytes | str, status: int = 200) -> HttpResponse:
