@@ -34,7 +34,7 @@ pytestmark = [pytest.mark.celery, pytest.mark.postgres_only, pytest.mark.django_
 BROKER = f"redis://127.0.0.1:6379/{int(os.environ.get('TEST_REDIS_DB_BASE', '5'))}"
 #: the worker dead-letters after 3 counted failures (2 s + 4 s of backoff), to keep the module short
 MAX_ATTEMPTS = 3
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 BIN = Path(sys.executable).parent
 
 

@@ -15,7 +15,7 @@ from django.test.utils import CaptureQueriesContext
 from cells.models import Event, Run, RunCellState, Step
 from worldcell.admin_site import CappedCountPaginator
 
-from .admin_support import RUNS, seed_runs
+from .support import RUNS, seed_runs
 
 pytestmark = pytest.mark.django_db
 

@@ -14,8 +14,7 @@ from django.test import Client
 from cells.models import Run
 from queueing.models import DeadLetter, QueueCell
 
-from .admin_support import RUNS, ClientSequence, make_operator  # noqa: F401  (fixture)
-from .runs_support import frozen_clock  # noqa: F401  (fixture)
+from .support import RUNS, ClientSequence
 
 pytestmark = pytest.mark.django_db
 

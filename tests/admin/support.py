@@ -1,8 +1,8 @@
-"""Helpers of the ``test_admin_*`` modules: operators, a world-client sequence in-process, seeding.
+"""Helpers of the console tests (``tests/admin/``): operators, a world-client sequence in-process, seeding.
 
-* ``operator(perms=())`` (fixture factory ``make_operator``) — an active
-  staff user with the given ``app.codename`` permissions, logged in on a
-  fresh test client.
+* ``make_operator(*perms)`` (fixture, ``tests/admin/conftest.py``) — an
+  active staff user with the given ``app.codename`` permissions, logged in
+  on a fresh test client.
 * ``ClientSequence(rpc)`` — applies events the way the world-celld client
   does (hook-token reservation, run index keys, hook indexes, released-hook
   cleanup; PROTOCOL.md §6.3), over the real RPC route.
@@ -15,9 +15,6 @@ import json
 from datetime import timedelta
 from typing import Any
 
-import pytest
-from django.contrib.auth.models import Permission, User
-from django.test import Client
 
 from cells.event_machine import format_event_id
 from cells.models import Event, Hook, HookMarker, Run, RunCellState, Step
@@ -27,27 +24,6 @@ from worldcell.client import encode_uri_component, ms13, shared_codec_dumps
 
 ADMIN = "/admin/"
 RUNS = "/admin/cells/run/"
-
-
-@pytest.fixture
-def make_operator(db):
-    """``make_operator("cells.cancel_run", ...)`` -> a logged-in ``Client`` of a staff user with those perms."""
-    counter = {"n": 0}
-
-    def make(*perms: str, superuser: bool = False) -> Client:
-        counter["n"] += 1
-        user = User.objects.create_user(
-            f"operator{counter['n']}", password="pw-operator", is_staff=True, is_superuser=superuser
-        )
-        for perm in perms:
-            app_label, codename = perm.split(".")
-            user.user_permissions.add(Permission.objects.get(content_type__app_label=app_label, codename=codename))
-        client = Client()
-        client.force_login(user)
-        client.user = user
-        return client
-
-    return make
 
 
 class ClientSequence:

@@ -5,7 +5,7 @@ import pytest
 
 from cells.models import Event, Run, RunCellState
 
-from .runs_support import at, frozen_clock, run  # noqa: F401  (fixtures)
+from .support import at
 
 pytestmark = pytest.mark.django_db
 

@@ -8,7 +8,7 @@ import pytest
 
 from cells.models import Run, RunCellState, Step
 
-from .runs_support import RunClient, at, run  # noqa: F401  (fixtures)
+from .support import RunClient, at
 
 pytestmark = pytest.mark.django_db
 

@@ -5,7 +5,7 @@ import pytest
 
 from cells.models import Run
 
-from .runs_support import at, run  # noqa: F401  (fixtures)
+from .support import at
 
 pytestmark = pytest.mark.django_db
 

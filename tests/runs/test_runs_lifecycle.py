@@ -6,7 +6,7 @@ import pytest
 from cells.models import RunCellState
 from cells.runs import RunCell
 
-from .runs_support import RunClient, frozen_clock, run  # noqa: F401  (fixtures)
+from .support import RunClient
 
 pytestmark = pytest.mark.django_db
 

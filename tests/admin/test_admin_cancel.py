@@ -13,8 +13,7 @@ from django.contrib.admin.models import LogEntry
 from cells.index import IndexCell
 from cells.models import Event, Hook, IndexEntry, Run
 
-from .admin_support import RUNS, ClientSequence
-from .runs_support import frozen_clock  # noqa: F401  (fixture)
+from .support import RUNS, ClientSequence
 
 pytestmark = pytest.mark.django_db
 

@@ -23,8 +23,8 @@ from cells.models import Event, LockedRunCell, RunCellState, Step
 from cells.models import runs as storage
 from cells.runs import RunCell
 
-from .conftest import RpcClient, is_postgres
-from .runs_support import RunClient, run  # noqa: F401  (fixture)
+from tests.conftest import RpcClient, is_postgres
+from .support import RunClient
 
 pytestmark = pytest.mark.django_db(transaction=True)
 

@@ -2,15 +2,13 @@
 
 ``RunClient(rpc, run_id)`` sends ``applyEvent`` and the reads of one run cell
 through the real route (codec, router, dispatch), exactly as the JS client
-does. ``Clock`` is a settable ``worldcell.clock``. Import the fixtures
-``run`` and ``frozen_clock`` into a test module to use them.
+does. ``Clock`` is a settable ``worldcell.clock``. The fixtures ``run``
+(``tests/runs/conftest.py``) and ``frozen_clock`` (``tests/conftest.py``) use them.
 """
 from __future__ import annotations
 
 from datetime import datetime, timezone
 from typing import Any
-
-import pytest
 
 from worldcell import clock as world_clock
 
@@ -113,21 +111,6 @@ class Clock:
     @property
     def now(self) -> datetime:
         return world_clock.from_epoch_ms(self.ms)
-
-
-@pytest.fixture
-def frozen_clock():
-    """The server clock stopped at 2026-01-02T03:04:05.678Z; move it with ``advance``."""
-    fake = Clock(1_767_323_045_678)
-    world_clock.set_clock(fake)
-    yield fake
-    world_clock.set_clock(None)
-
-
-@pytest.fixture
-def run(rpc) -> RunClient:
-    """The run cell ``wrun_test``."""
-    return RunClient(rpc, "wrun_test")
 
 
 def at(iso: str) -> datetime:

@@ -16,8 +16,8 @@ from cells import event_machine
 from cells.event_machine import format_event_id
 from cells.models import Event, RunCellState, Step
 
-from .conftest import RpcClient
-from .runs_support import RunClient
+from tests.conftest import RpcClient
+from .support import RunClient
 
 THREADS = 16
 

@@ -5,7 +5,7 @@ import pytest
 
 from cells.models import HookMarker
 
-from .runs_support import RunClient, frozen_clock, run  # noqa: F401  (fixtures)
+from .support import RunClient
 
 pytestmark = pytest.mark.django_db
 

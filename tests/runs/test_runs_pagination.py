@@ -5,7 +5,7 @@ from cells.event_machine import format_event_id
 from cells.models import Event, RunCellState
 from worldcell import codec
 
-from .runs_support import RunClient, frozen_clock, page_through, run  # noqa: F401  (fixtures)
+from .support import RunClient, page_through
 
 pytestmark = pytest.mark.django_db
 

@@ -13,8 +13,7 @@ import pytest
 
 from cells.models import Run, Step
 
-from .admin_support import RUNS, ClientSequence
-from .runs_support import frozen_clock  # noqa: F401  (fixture)
+from .support import RUNS, ClientSequence
 
 pytestmark = pytest.mark.django_db
 
