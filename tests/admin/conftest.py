@@ -1,9 +1,12 @@
-"""Fixtures of the operator-console tests (``tests/admin/``): ``make_operator``."""
+"""Fixtures of the operator-console tests (``tests/admin/``): ``make_operator``; the queue pages
+reuse ``vclock``, ``sink`` and ``no_broker`` from ``tests/queueing/support.py``."""
 from __future__ import annotations
 
 import pytest
 from django.contrib.auth.models import Permission, User
 from django.test import Client
+
+from tests.queueing.support import no_broker, sink, vclock  # noqa: F401  (fixtures)
 
 
 @pytest.fixture

@@ -1,7 +1,7 @@
 """The queue pages of the operator console: dashboard, messages, dead letters, redrive and purge (PROTOCOL.md §7.9).
 
 Messages are enqueued with the queue service and delivered to a real HTTP
-sink on a virtual clock (``queueing.testing``), as in ``test_queue_delivery``.
+sink on a virtual clock (``tests/queueing/support.py``), as in ``test_queue_delivery``.
 """
 from __future__ import annotations
 
@@ -12,32 +12,13 @@ from django.contrib.admin.models import DELETION, LogEntry
 
 from queueing.models import DeadLetter, Message, QueueCell
 from queueing.service import QueueCell as QueueService
-from queueing.testing import Answer, HttpSink, VirtualClock, enqueue_request, tick
+from tests.queueing.support import Answer, HttpSink, VirtualClock, enqueue_request, tick
 
-pytestmark = pytest.mark.django_db
+pytestmark = [pytest.mark.django_db, pytest.mark.usefixtures("no_broker")]
 
 DEAD = "/admin/queueing/deadletter/"
 MESSAGES = "/admin/queueing/message/"
 CELLS = "/admin/queueing/queuecell/"
-
-
-@pytest.fixture(autouse=True)
-def no_broker(settings):
-    settings.WORLDCELL_USE_CELERY = False
-
-
-@pytest.fixture
-def vclock():
-    c = VirtualClock().install()
-    yield c
-    c.uninstall()
-
-
-@pytest.fixture
-def sink():
-    s = HttpSink()
-    yield s
-    s.close()
 
 
 class Queue:

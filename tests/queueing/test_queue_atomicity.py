@@ -14,45 +14,12 @@ from django.db import connection
 
 from queueing import delivery, machine
 from queueing.models import DeadLetter, Message, QueueCell
-from queueing.testing import Answer, HttpSink, VirtualClock, enqueue_request, tick
+from .support import Answer, enqueue_request, tick
 
 pytestmark = pytest.mark.django_db
 
 Q = "q:0"
 DEADLINE_MS = 300_000 + 30_000
-
-
-@pytest.fixture(autouse=True)
-def no_broker(settings):
-    settings.WORLDCELL_USE_CELERY = False
-
-
-@pytest.fixture
-def vclock():
-    c = VirtualClock().install()
-    yield c
-    c.uninstall()
-
-
-@pytest.fixture
-def sink():
-    s = HttpSink()
-    yield s
-    s.close()
-
-
-@pytest.fixture
-def enqueue(rpc, sink, vclock):
-    def enqueue(**over):
-        over.setdefault("target", sink.url)
-        return rpc.ok("queue", Q, "enqueue", enqueue_request(**over))
-
-    return enqueue
-
-
-@pytest.fixture
-def stats(rpc):
-    return lambda: rpc.ok("queue", Q, "stats")
 
 
 @contextlib.contextmanager

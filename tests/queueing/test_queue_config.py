@@ -6,7 +6,7 @@ import pytest
 from queueing import config, machine
 from queueing.models import DeadLetter, Message
 from queueing.service import QueueCell
-from queueing.testing import Answer, HttpSink, VirtualClock, enqueue_request, tick
+from .support import Answer, HttpSink, enqueue_request, tick
 
 
 @pytest.mark.parametrize(
@@ -40,14 +40,6 @@ def test_it_defaults_the_delivery_timeout_and_reads_the_callback_secret(settings
     assert config.callback_secret() is None
     settings.WORKFLOW_CALLBACK_SECRET = "cbs"
     assert config.callback_secret() == "cbs"
-
-
-@pytest.fixture
-def vclock(settings):
-    settings.WORLDCELL_USE_CELERY = False
-    c = VirtualClock().install()
-    yield c
-    c.uninstall()
 
 
 @pytest.mark.django_db

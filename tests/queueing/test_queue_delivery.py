@@ -14,48 +14,11 @@ import pytest
 from queueing import machine
 from queueing.delivery import delivery_url
 from queueing.models import DeadLetter, Message, QueueCell
-from queueing.testing import HANG_UP, Answer, DripServer, HttpSink, VirtualClock, enqueue_request, tick
+from .support import HANG_UP, Answer, DripServer, HttpSink, tick
 
 pytestmark = pytest.mark.django_db
 
 Q = "q:0"
-
-
-@pytest.fixture(autouse=True)
-def no_broker(settings):
-    settings.WORLDCELL_USE_CELERY = False
-
-
-@pytest.fixture
-def vclock():
-    c = VirtualClock().install()
-    yield c
-    c.uninstall()
-
-
-@pytest.fixture
-def sink():
-    s = HttpSink()
-    yield s
-    s.close()
-
-
-@pytest.fixture
-def queue(rpc, sink, vclock):
-    """``queue.enqueue(**over)``, ``queue.call(method, *args)`` on q:0 over the RPC route."""
-
-    class Queue:
-        def enqueue(self, **over):
-            over.setdefault("target", sink.url)
-            return rpc.ok("queue", Q, "enqueue", enqueue_request(**over))
-
-        def call(self, method, *args):
-            return rpc.ok("queue", Q, method, *args)
-
-        def stats(self):
-            return self.call("stats")
-
-    return Queue()
 
 
 def message(mid: str) -> Message:

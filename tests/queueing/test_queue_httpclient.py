@@ -12,7 +12,7 @@ import pytest
 from queueing import httpclient
 from queueing.delivery import post_message
 from queueing.machine import DeliveryRow
-from queueing.testing import DripServer
+from .support import DripServer
 
 
 class RawServer:

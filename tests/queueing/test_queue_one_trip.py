@@ -18,25 +18,13 @@ from django.db import connection
 from queueing import machine
 from queueing.models import DeadLetter, Message, QueueCell
 from queueing.service import parse_enqueue_request
-from queueing.testing import VirtualClock, enqueue_request
+from .support import enqueue_request
 from tests.conftest import is_postgres
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
 Q = "q:0"
 DEADLINE_MS = 300_000 + 30_000
-
-
-@pytest.fixture(autouse=True)
-def no_broker(settings):
-    settings.WORLDCELL_USE_CELERY = False
-
-
-@pytest.fixture
-def vclock():
-    c = VirtualClock().install()
-    yield c
-    c.uninstall()
 
 
 @pytest.fixture(params=["one_trip", "python"])

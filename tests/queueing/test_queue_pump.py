@@ -17,21 +17,9 @@ from queueing.models import DeadLetter, Message
 from queueing.models import QueueCell as QueueCellRow
 from queueing.pump import LocalPump
 from queueing.service import QueueCell
-from queueing.testing import Answer, HttpSink, enqueue_request
+from .support import Answer, enqueue_request
 
 pytestmark = pytest.mark.django_db(transaction=True)
-
-
-@pytest.fixture(autouse=True)
-def no_broker(settings):
-    settings.WORLDCELL_USE_CELERY = False
-
-
-@pytest.fixture
-def sink():
-    s = HttpSink()
-    yield s
-    s.close()
 
 
 @pytest.fixture
@@ -292,7 +280,7 @@ def test_it_counts_an_alarm_re_armed_during_its_scan_as_due(rpc, sink, monkeypat
     """An enqueue re-arms an overdue alarm to its own now + 1 (§7.8) and, its cell's alarm being
     due already, sends no wake-up: a tick that read its clock before the scan would see that alarm
     1 ms in the future, skip the cell, and nothing would wake it again."""
-    from queueing.testing import VirtualClock
+    from .support import VirtualClock
 
     vclock = VirtualClock().install()
     try:
@@ -314,7 +302,7 @@ def test_it_counts_an_alarm_re_armed_during_its_scan_as_due(rpc, sink, monkeypat
 
 
 def test_it_fires_a_cell_whose_alarm_was_re_armed_during_the_pre_check(rpc, sink, monkeypatch):
-    from queueing.testing import VirtualClock
+    from .support import VirtualClock
 
     vclock = VirtualClock().install()
     try:

@@ -11,21 +11,9 @@ from django.core.management import CommandError, call_command
 from queueing.models import Message, QueueCell
 from queueing.pump import LocalPump
 from queueing.service import QueueCell as QueueService
-from queueing.testing import HttpSink, VirtualClock, enqueue_request, tick
+from .support import HttpSink, enqueue_request, tick
 
 Q = "q:0"
-
-
-@pytest.fixture(autouse=True)
-def no_broker(settings):
-    settings.WORLDCELL_USE_CELERY = False
-
-
-@pytest.fixture
-def vclock():
-    c = VirtualClock().install()
-    yield c
-    c.uninstall()
 
 
 def rearm(*args) -> str:

@@ -8,25 +8,13 @@ import pytest
 
 from queueing import machine
 from queueing.models import DeadLetter, Message, QueueCell
-from queueing.testing import VirtualClock, enqueue_request
+from .support import enqueue_request
 
 pytestmark = pytest.mark.django_db
 
 MISMATCH = (
     "queue cell shard-count mismatch: pinned 1, got 4 \u2014 changing queueShards requires draining the fleet"
 )
-
-
-@pytest.fixture(autouse=True)
-def no_broker(settings):
-    settings.WORLDCELL_USE_CELERY = False
-
-
-@pytest.fixture
-def vclock():
-    c = VirtualClock().install()
-    yield c
-    c.uninstall()
 
 
 def plant_dead_letter(cell_name: str, message_id: str, failed_at: int, **extra) -> DeadLetter:

@@ -1,5 +1,7 @@
 """Test tooling for the queue cells (the Python counterpart of PROTOCOL.md §9.3's testing bundle).
 
+Used by ``tests/queueing/`` and ``tests/admin/`` (their conftests register the fixtures below).
+
 * ``HttpSink`` — a real HTTP application on 127.0.0.1 (ephemeral port) that
   records every delivery and answers from a script; it can hold deliveries
   open until released (to observe concurrency).
@@ -10,6 +12,9 @@
 * ``enqueue_request(**over)`` — the wire ``enqueue`` request the upstream tests use.
 * ``DripServer`` — a raw TCP peer that reads a request and answers one byte
   at a time (a slow-drip target, to check the delivery deadline).
+* fixtures ``vclock`` (an installed ``VirtualClock``), ``sink`` (an
+  ``HttpSink``, closed afterwards) and ``no_broker`` (the in-process driver:
+  ``WORLDCELL_USE_CELERY = False``).
 """
 from __future__ import annotations
 
@@ -22,13 +27,17 @@ from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any, Callable
 
+import pytest
+
+from queueing import delivery, machine
 from worldcell import clock as wc_clock
 
-from . import delivery, machine
+log = logging.getLogger("tests.queueing.support")
 
-log = logging.getLogger("queueing.testing")
-
-__all__ = ["HANG_UP", "Answer", "DripServer", "HttpSink", "Recorded", "VirtualClock", "enqueue_request", "tick"]
+__all__ = [
+    "HANG_UP", "Answer", "DripServer", "HttpSink", "Recorded", "VirtualClock", "enqueue_request", "tick",
+    "no_broker", "sink", "vclock",
+]
 
 
 #: ``Answer(HANG_UP)`` closes the connection without answering (a transport error).
@@ -315,3 +324,25 @@ def enqueue_request(**over: Any) -> dict[str, Any]:
     }
     req.update(over)
     return req
+
+
+@pytest.fixture
+def no_broker(settings):
+    """Deliver in-process (``tick`` / the pump), never through Celery."""
+    settings.WORLDCELL_USE_CELERY = False
+
+
+@pytest.fixture
+def vclock():
+    """A ``VirtualClock`` installed as the server clock for the test."""
+    c = VirtualClock().install()
+    yield c
+    c.uninstall()
+
+
+@pytest.fixture
+def sink():
+    """An ``HttpSink`` on 127.0.0.1, closed after the test."""
+    s = HttpSink()
+    yield s
+    s.close()
