@@ -285,11 +285,11 @@ def test_it_keeps_firing_other_cells_when_one_cell_fails(rpc, sink, vclock, monk
             raise RuntimeError("disk on fire")
         return real(cell, now, *args, **kwargs)
 
-    monkeypatch.setattr(machine, "claim_due_messages", broken)
+    monkeypatch.setattr(machine.claim, "claim_due_messages", broken)
     with caplog.at_level(logging.ERROR, logger="queueing.machine"):
         tick(vclock)
     assert [r.message_id for r in sink.requests] == ["m-q:1"]
     assert "queue cell q:0: alarm handler failed" in caplog.text and "disk on fire" in caplog.text
-    monkeypatch.setattr(machine, "claim_due_messages", real)
+    monkeypatch.setattr(machine.claim, "claim_due_messages", real)
     tick(vclock)
     assert sorted(r.message_id for r in sink.requests) == ["m-q:0", "m-q:1"]

@@ -30,7 +30,7 @@ DEADLINE_MS = 300_000 + 30_000
 @pytest.fixture(params=["one_trip", "python"])
 def path(request, monkeypatch):
     if request.param == "python":
-        monkeypatch.setattr(machine, "_one_trip_enabled", lambda: False)
+        monkeypatch.setattr(machine.db, "one_trip_enabled", lambda: False)
     elif not is_postgres():
         pytest.skip("one-trip transitions are PostgreSQL's")
     machine._known_cells.clear()

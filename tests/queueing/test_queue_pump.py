@@ -314,7 +314,7 @@ def test_it_fires_a_cell_whose_alarm_was_re_armed_during_the_pre_check(rpc, sink
             QueueCellRow.objects.filter(name=name).update(alarm_at=vclock.now + 1)
             return real(name)
 
-        monkeypatch.setattr(machine, "_cell_state", state_while_an_enqueue_commits)
+        monkeypatch.setattr(machine.claim, "_cell_state", state_while_an_enqueue_commits)
         assert [c.message_id for c in machine.fire_cell_alarm("q:0", early_ms=1, skip_locked=True)] == ["m"]
     finally:
         vclock.uninstall()

@@ -87,7 +87,7 @@ def test_it_persists_nothing_when_the_enqueue_transaction_fails(rpc, vclock, mon
     def boom(*a, **k):
         raise RuntimeError("injected")
 
-    monkeypatch.setattr(m, "arm_alarm_at_most", boom)
+    monkeypatch.setattr(m.enqueueing, "arm_alarm_at_most", boom)
     status, body = rpc("queue", "q:0", "enqueue", enqueue_request(messageId="x"))
     assert status == 500 and body["error"] == {"name": "RuntimeError", "message": "injected"}
     assert not Message.objects.exists()
