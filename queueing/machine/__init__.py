@@ -67,6 +67,7 @@ claim twice.
 """
 from __future__ import annotations
 
+# Underscored names and Dispatch are re-exported for the tests and the drivers (noqa: F401).
 from .claim import (
     _cell_state,
     cell_alarms,

@@ -2,16 +2,20 @@
 
 Statements go through Django's own cursor, so transactions, on-commit hooks
 and ``connection.execute_wrapper`` (the fault-injection tests) see every one
-of them with its text. (``worldcell.sql.execute`` — the project's executor —
-sends prepared ``EXECUTE`` statements instead; moving the queue onto it is a
-change of this module alone, see docs/decisions.md "Queue rules written
-once".)
+of them with its text; writes and the clean-up after a failed one-trip
+script use the project executor ``worldcell.sql`` (``rowcount``,
+``rollback_open_transaction``). Its ``execute`` sends prepared ``EXECUTE``
+statements instead of the text; moving the queue's reads and scripts onto it
+is a change of this module alone (docs/decisions.md "Queue rules written
+once").
 """
 from __future__ import annotations
 
 from typing import Any, Sequence
 
 from django.db import connection
+
+from worldcell import sql as executor
 
 from . import sql
 
@@ -27,9 +31,7 @@ def rows(statement: str, params: Sequence[Any]) -> list[tuple]:
 
 def rowcount(statement: str, params: Sequence[Any]) -> int:
     """Run one fixed write statement; the number of rows it changed."""
-    with connection.cursor() as cursor:
-        cursor.execute(statement, params)
-        return cursor.rowcount
+    return executor.rowcount(executor.database(), statement, params)
 
 
 def lock_clause(skip_locked: bool) -> str:
@@ -69,10 +71,5 @@ def run_script(script: str, params: Sequence[Any]) -> list[list[tuple]]:
                     break
             return results
     except BaseException:
-        raw = connection.connection
-        if raw is not None and not raw.closed and raw.info.transaction_status != 0:  # not IDLE
-            try:
-                raw.execute("ROLLBACK")
-            except Exception:  # noqa: BLE001 - the connection is broken; Django replaces it
-                connection.close()
+        executor.rollback_open_transaction(executor.database())
         raise

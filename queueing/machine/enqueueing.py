@@ -18,9 +18,27 @@ from ..models import Message, QueueCell
 from . import db, sql
 from .dead_letters import _fresh_lifecycle, _holder_and_same
 from .lock import _lock_cell, _wake_after_commit, arm_alarm_at_most, schedule_next_alarm
-from .values import EnqueueRequest, clamp_ms
+from .values import EnqueueRequest, clamp_ms, fill_undecided
 
 __all__ = ["enqueue", "enqueue_batch"]
+
+
+def _names(request: EnqueueRequest) -> set[tuple[str, str]]:
+    """What a request claims in its cell: its message id and (when given) its idempotency key."""
+    names = {("id", request.message_id)}
+    if request.idempotency_key:
+        names.add(("key", request.idempotency_key))
+    return names
+
+
+def _due_at(request: EnqueueRequest, now: int) -> int:
+    """When a new message is due: ``now + max(0, delaySeconds) × 1000`` ms, clamped (§7.3)."""
+    return clamp_ms(now + max(0, request.delay_seconds or 0) * 1000)
+
+
+def _stored(message_id: str) -> dict[str, Any]:
+    """The answer of an enqueue that stored its message."""
+    return {"ok": True, "messageId": message_id, "deduped": False}
 
 
 def _config_mismatch(pinned: int, got: int) -> dict[str, Any]:
@@ -92,11 +110,7 @@ def enqueue_batch(cell_name: str, requests: list[EnqueueRequest], now: int | Non
     if now is None and db.one_trip_enabled():
         decided = _enqueue_in_one_trip(cell_name, requests)
         if decided is not None:
-            rest = [i for i, r in enumerate(decided) if r is None]
-            if rest:
-                for i, r in zip(rest, _enqueue_batch(cell_name, [requests[i] for i in rest], None)):
-                    decided[i] = r
-            return decided  # type: ignore[return-value]
+            return fill_undecided(decided, requests, lambda rest: _enqueue_batch(cell_name, rest, None))
     return _enqueue_batch(cell_name, requests, now)
 
 
@@ -120,9 +134,7 @@ def _enqueue_batch(cell_name: str, requests: list[EnqueueRequest], now: int | No
             elif cell.queue_shards != request.queue_shards:
                 results[i] = _config_mismatch(cell.queue_shards, request.queue_shards)
                 continue
-            names = {("id", request.message_id)}
-            if request.idempotency_key:
-                names.add(("key", request.idempotency_key))
+            names = _names(request)
             (alone if names & seen else bulk).append(i)
             seen |= names
         if len(bulk) + len(alone) < len(requests):
@@ -132,7 +144,7 @@ def _enqueue_batch(cell_name: str, requests: list[EnqueueRequest], now: int | No
         due: dict[int, int] = {}
         bodies: dict[int, str] = {}
         for i in bulk + alone:
-            due[i] = clamp_ms(now + max(0, requests[i].delay_seconds or 0) * 1000)
+            due[i] = _due_at(requests[i], now)
             bodies[i] = codec.encode(requests[i].body)
         inflight = None
         if bulk:
@@ -147,7 +159,7 @@ def _enqueue_batch(cell_name: str, requests: list[EnqueueRequest], now: int | No
             earliest = None
             for i in bulk:
                 if requests[i].message_id in inserted:
-                    results[i] = {"ok": True, "messageId": requests[i].message_id, "deduped": False}
+                    results[i] = _stored(requests[i].message_id)
                     earliest = due[i] if earliest is None else min(earliest, due[i])
                 else:
                     alone.append(i)
@@ -190,7 +202,7 @@ def _enqueue_alone(cell: QueueCell, request: EnqueueRequest, now: int, due_at: i
     else:
         Message.objects.create(cell=cell, message_id=request.message_id, **fields)
     arm_alarm_at_most(cell, due_at, now)
-    return {"ok": True, "messageId": request.message_id, "deduped": False}
+    return _stored(request.message_id)
 
 
 # --------------------------------------------------------------------------- one-trip transitions (PostgreSQL)
@@ -249,9 +261,7 @@ def _enqueue_in_one_trip(cell_name: str, requests: list[EnqueueRequest]) -> list
     for i, r in enumerate(requests):
         if r.queue_shards != shards:
             continue
-        names = {("id", r.message_id)}
-        if r.idempotency_key:
-            names.add(("key", r.idempotency_key))
+        names = _names(r)
         if not names & seen:
             bulk.append(i)
         seen |= names
@@ -260,7 +270,7 @@ def _enqueue_in_one_trip(cell_name: str, requests: list[EnqueueRequest]) -> list
     params: list[Any] = [cell_id]
     for i in bulk:
         r = requests[i]
-        due_at = clamp_ms(now + max(0, r.delay_seconds or 0) * 1000)
+        due_at = _due_at(r, now)
         params += [cell_id, r.message_id, r.queue_name, r.pathname, codec.encode(r.body), r.target_base_url,
                    r.idempotency_key, now, due_at, now]
     soon = [now, now + config.MIN_ALARM_DELAY_MS]
@@ -272,7 +282,7 @@ def _enqueue_in_one_trip(cell_name: str, requests: list[EnqueueRequest]) -> list
     inserted = set(inserted)
     for i in bulk:
         if requests[i].message_id in inserted:
-            decided[i] = {"ok": True, "messageId": requests[i].message_id, "deduped": False}
+            decided[i] = _stored(requests[i].message_id)
     if _enqueue_needs_wake(locked[0][2], inflight, now):
         wake.after_transition(cell_name, alarm_at, now)
     return decided

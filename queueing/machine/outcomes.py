@@ -25,7 +25,9 @@ from . import db, sql
 from .claim import _delivery_row
 from .dead_letters import _bury
 from .lock import _lock_cell, _wake_after_commit, schedule_next_alarm
-from .values import _NO_ROW, _OUTCOME_KINDS, Claim, DeliveryRow, OutcomeRequest, backoff_seconds, clamp_ms
+from .values import (
+    _NO_ROW, _OUTCOME_KINDS, Claim, DeliveryRow, OutcomeRequest, backoff_seconds, clamp_ms, fill_undecided,
+)
 
 log = logging.getLogger("queueing.machine")
 
@@ -107,11 +109,7 @@ def apply_outcomes(
             decided: list[tuple[str, list[Claim]] | None] = [None] * len(requests)
             for i, r in zip(fast, _outcomes_in_one_trip(cell_id, [requests[i] for i in fast])):
                 decided[i] = r
-            rest = [i for i, r in enumerate(decided) if r is None]
-            if rest:
-                for i, r in zip(rest, _apply_outcomes(cell_id, [requests[i] for i in rest], None)):
-                    decided[i] = r
-            return decided  # type: ignore[return-value]
+            return fill_undecided(decided, requests, lambda rest: _apply_outcomes(cell_id, rest, None))
     return _apply_outcomes(cell_id, requests, now)
 
 

@@ -2,13 +2,13 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any, Callable, Iterable
+from typing import Any, Callable, Iterable, Sequence, TypeVar
 
 from worldcell.keys import clamp_ms, ms13
 
 __all__ = [
     "Claim", "DeliveryRow", "Dispatch", "EnqueueRequest", "OutcomeRequest", "RearmReport",
-    "backoff_seconds", "clamp_ms", "dlq_key", "ms13",
+    "backoff_seconds", "clamp_ms", "dlq_key", "fill_undecided", "ms13",
 ]
 
 Dispatch = Callable[[list["Claim"]], None]
@@ -123,3 +123,20 @@ def backoff_seconds(attempt: int) -> int:
     return 60 if attempt >= 6 else 2**attempt
 
 
+
+
+# --------------------------------------------------------------------------- fast path, then general path
+
+_Req = TypeVar("_Req")
+_Res = TypeVar("_Res")
+
+
+def fill_undecided(
+    decided: list[_Res | None], requests: Sequence[_Req], general: Callable[[list[_Req]], list[_Res]]
+) -> list[_Res]:
+    """Fill the ``None`` entries of a one-trip result with ``general`` applied to their requests, in order."""
+    rest = [i for i, r in enumerate(decided) if r is None]
+    if rest:
+        for i, r in zip(rest, general([requests[i] for i in rest])):
+            decided[i] = r
+    return decided  # type: ignore[return-value]

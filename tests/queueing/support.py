@@ -36,7 +36,7 @@ log = logging.getLogger("tests.queueing.support")
 
 __all__ = [
     "HANG_UP", "Answer", "DripServer", "HttpSink", "Recorded", "VirtualClock", "enqueue_request", "tick",
-    "no_broker", "sink", "vclock",
+    "no_broker", "sink", "vclock", "wait_until",
 ]
 
 
@@ -304,6 +304,16 @@ def tick(vclock: VirtualClock, advance_ms: int = 0) -> list[delivery.DeliveryRep
             log.exception("queue cell %s: delivery of %s failed", claim.cell_name, claim.message_id)
             results.append(exc)
     return results
+
+
+def wait_until(predicate: Callable[[], Any], timeout_s: float = 10.0, what: str = "condition") -> None:
+    """Poll ``predicate()`` every 10 ms until it is true; AssertionError after ``timeout_s`` seconds."""
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if predicate():
+            return
+        time.sleep(0.01)
+    raise AssertionError(f"timed out waiting for {what}")
 
 
 def enqueue_request(**over: Any) -> dict[str, Any]:

@@ -26,7 +26,7 @@ from django.db import connection
 
 from queueing.models import DeadLetter, Message, QueueCell
 from queueing.service import QueueCell as QueueService
-from .support import Answer, enqueue_request
+from .support import Answer, enqueue_request, wait_until
 
 pytestmark = [pytest.mark.celery, pytest.mark.postgres_only, pytest.mark.django_db(transaction=True)]
 
@@ -141,15 +141,6 @@ def worker(django_db_setup, django_db_blocker, broker, tmp_path_factory):
 @pytest.fixture(autouse=True)
 def use_celery(settings, worker):
     settings.WORLDCELL_USE_CELERY = True
-
-
-def wait_until(predicate, timeout_s: float, what: str):
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        if predicate():
-            return
-        time.sleep(0.02)
-    raise AssertionError(f"timed out waiting for {what}")
 
 
 def settled():

@@ -17,7 +17,7 @@ from queueing.models import DeadLetter, Message
 from queueing.models import QueueCell as QueueCellRow
 from queueing.pump import LocalPump
 from queueing.service import QueueCell
-from .support import Answer, enqueue_request
+from .support import Answer, enqueue_request, wait_until
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -34,15 +34,6 @@ def pump():
     yield start
     for p in started:
         p.stop(5)
-
-
-def wait_until(predicate, timeout_s: float = 10.0, what: str = "condition"):
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        if predicate():
-            return
-        time.sleep(0.01)
-    raise AssertionError(f"timed out waiting for {what}")
 
 
 def in_thread(fn):
