@@ -25,7 +25,7 @@ Rules every function here follows:
   ack does (the application accepted it; a message is deleted only once);
 * nothing here does network I/O; wake-ups of the driver (Celery or the
   in-process pump) are registered with ``transaction.on_commit`` so they
-  happen only once the transition is durable (DESIGN.md rules 3 and 6);
+  happen only once the transition is durable (docs/architecture.md rules 3 and 6);
 * every transaction that held a cell's lock wakes the cell on commit when
   work is due, so a wake-up that finds the cell locked may simply skip it
   (``SKIP LOCKED``) — the lock holder will wake it again (an enqueue into a

@@ -31,7 +31,7 @@ __all__ = ["cell_alarms", "claim_due_messages", "due_cell_names", "fire_cell_ala
 def claim_due_messages(
     cell: QueueCell, now: int, limit: int | None = None, *, start: int = 0
 ) -> tuple[list[Claim], int]:
-    """The claim phase of the alarm handler on a locked cell (PROTOCOL.md §7.4).
+    """The claim phase of the alarm handler on a locked cell (docs/protocol.md §7.4).
 
     1. claims whose deadline is ``≤ now`` are lost: their messages become due at ``now``;
     2. if fewer than ``QUEUE_MAX_INFLIGHT`` remain in flight, the earliest due
@@ -117,7 +117,7 @@ def fire_cell_alarm(
     on_locked: Callable[[], None] | None = None,
     start: int = 0,
 ) -> list[Claim]:
-    """Run cell ``cell_name``'s alarm handler if its alarm is due (PROTOCOL.md §9.1, §7.4).
+    """Run cell ``cell_name``'s alarm handler if its alarm is due (docs/protocol.md §9.1, §7.4).
 
     The alarm is due when ``alarm_at ≤ now + early_ms``. Wake-ups pass
     ``early_ms=1``: overdue alarms are re-armed at ``now + 1`` only so that

@@ -81,7 +81,7 @@ def _dead_letter_wire(d: DeadLetter) -> dict[str, Any]:
 
 
 def list_dead_letters(cell_name: str, limit: int = 100, cursor: str | None = None) -> dict[str, Any]:
-    """A P4 page of dead letters (PROTOCOL.md §4.0, §7.9), ordered by ``dlq:`` key.
+    """A P4 page of dead letters (docs/protocol.md §4.0, §7.9), ordered by ``dlq:`` key.
 
     ``cursor`` is a full key; rows with a key strictly greater are listed.
     Returns ``{"data":[rows],"cursor":<last key|None>,"hasMore":bool}``; with

@@ -53,7 +53,7 @@ def _config_mismatch(pinned: int, got: int) -> dict[str, Any]:
 
 
 def enqueue(cell_name: str, request: EnqueueRequest, now: int | None = None) -> dict[str, Any]:
-    """Store one message in cell ``cell_name`` (PROTOCOL.md §7.3), one transaction.
+    """Store one message in cell ``cell_name`` (docs/protocol.md §7.3), one transaction.
 
     Order: pin ``queueShards`` on the first enqueue, else compare (mismatch ->
     ``{"ok":False,"code":"CONFIG_MISMATCH",…}``, checked before dedup); while
@@ -215,9 +215,11 @@ def _enqueue_alone(cell: QueueCell, request: EnqueueRequest, now: int, due_at: i
 # On PostgreSQL the hottest transitions are therefore sent as ONE
 # multi-statement string ``BEGIN; …; COMMIT`` (simple query protocol, client-
 # side parameter binding): the server takes the lock, does the work and
-# commits without waiting for the client in between. The statements encode
-# the same rules as the Python path (which SQLite and every other case keep
-# using); the test suite runs against both.
+# commits without waiting for the client in between. The scripts are built
+# from the same SQL fragments as the Python path (which SQLite and every other
+# case keep using) where a rule is SQL on both; where the Python path computes
+# a rule itself, a property test compares the two (docs/decisions.md "Queue
+# rules written once"); the test suite runs every scenario both ways.
 #
 # Two differences, both harmless: ``now`` is read just before the string is
 # sent rather than after the lock is granted (a transition that waited for the

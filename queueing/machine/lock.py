@@ -85,7 +85,7 @@ def _set_alarm(cell: QueueCell, alarm_at: int | None) -> None:
 
 
 def arm_alarm_at_most(cell: QueueCell, target: int, now: int) -> None:
-    """Arm the cell's alarm no later than ``target`` (enqueue, redrive; PROTOCOL.md §7.8).
+    """Arm the cell's alarm no later than ``target`` (enqueue, redrive; docs/protocol.md §7.8).
 
     An alarm that is already overdue (``≤ now``) moves to ``now + 1``;
     otherwise the alarm becomes ``max(target, now + 1)`` if that is earlier
@@ -95,7 +95,7 @@ def arm_alarm_at_most(cell: QueueCell, target: int, now: int) -> None:
 
 
 def schedule_next_alarm(cell: QueueCell, now: int) -> int | None:
-    """Set the alarm to the earliest due time or in-flight deadline (PROTOCOL.md §7.8).
+    """Set the alarm to the earliest due time or in-flight deadline (docs/protocol.md §7.8).
 
     Overdue work gives ``now + 1``; no work at all clears the alarm.
     Returns the new alarm (epoch ms or None). One query + a write if changed.
@@ -106,7 +106,7 @@ def schedule_next_alarm(cell: QueueCell, now: int) -> int | None:
 
 
 def _wake_after_commit(cell: QueueCell, now: int) -> None:
-    """Register the driver wake-up for when this transaction commits (DESIGN.md rule 6).
+    """Register the driver wake-up for when this transaction commits (docs/architecture.md rule 6).
 
     Every transaction that locks a cell registers it, whatever its outcome,
     with the alarm as it stands at commit: a wake-up that found the cell

@@ -47,7 +47,7 @@ def apply_outcome(
     now: int | None = None,
     claim_next: bool | int = False,
 ) -> str | tuple[str, list[Claim]]:
-    """Apply one classified delivery result (PROTOCOL.md §7.6) to the claimed message.
+    """Apply one classified delivery result (docs/protocol.md §7.6) to the claimed message.
 
     ``kind`` is ``"ack"``, ``"drop"``, ``"redeliver"`` (needs ``timeout_seconds``)
     or ``"retry"`` (needs ``reason``). Returns what happened: ``"acked"``,

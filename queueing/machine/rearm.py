@@ -15,7 +15,7 @@ __all__ = ["cell_stats", "rearm_alarm", "rearm_cell"]
 
 
 def cell_stats(cell_name: str) -> dict[str, Any]:
-    """``{"pending","inflight","deadLetters","alarmAt"}`` of a cell in one read (PROTOCOL.md §7.9).
+    """``{"pending","inflight","deadLetters","alarmAt"}`` of a cell in one read (docs/protocol.md §7.9).
 
     ``pending`` counts scheduled messages, ``inflight`` claimed ones. A cell
     that was never written answers zeros and ``alarmAt: None``. Never locks.

@@ -19,7 +19,7 @@ Dispatch = Callable[[list["Claim"]], None]
 
 @dataclass(frozen=True)
 class EnqueueRequest:
-    """A validated ``enqueue`` request (PROTOCOL.md §7.3); times in seconds as sent."""
+    """A validated ``enqueue`` request (docs/protocol.md §7.3); times in seconds as sent."""
 
     message_id: str
     queue_name: str
