@@ -12,10 +12,10 @@ from typing import Any
 from django.db import transaction
 from django.db.models import Q
 
-from worldcell import clock, codec
+from worldcell import codec
 
 from ..models import DeadLetter, Message, QueueCell
-from .lock import _lock_cell, _wake_after_commit, arm_alarm_at_most
+from .lock import _lock_and_wake, arm_alarm_at_most
 from .values import DeliveryRow, dlq_key
 
 __all__ = ["list_dead_letters", "purge_dead_letters", "redrive_dead_letter"]
@@ -112,11 +112,9 @@ def redrive_dead_letter(cell_name: str, message_id: str, now: int | None = None)
     idempotency key, or when there is no such dead letter.
     """
     with transaction.atomic():
-        cell = _lock_cell(cell_name)
+        cell, now = _lock_and_wake(cell_name, now)
         if cell is None:
             return {"ok": False}
-        now = clock.now_ms() if now is None else now
-        _wake_after_commit(cell, now)
         dead = DeadLetter.objects.filter(cell=cell, message_id=message_id).order_by("dlq_key").first()
         if dead is None:
             return {"ok": False}
@@ -146,9 +144,8 @@ def redrive_dead_letter(cell_name: str, message_id: str, now: int | None = None)
 def purge_dead_letters(cell_name: str) -> dict[str, int]:
     """Delete every dead letter of the cell in one transaction; ``{"purged": n}`` (§7.9)."""
     with transaction.atomic():
-        cell = _lock_cell(cell_name)
+        cell, _ = _lock_and_wake(cell_name, None)
         if cell is None:
             return {"purged": 0}
-        _wake_after_commit(cell, clock.now_ms())
         purged, _ = DeadLetter.objects.filter(cell=cell).delete()
     return {"purged": purged}

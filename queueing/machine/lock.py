@@ -13,6 +13,8 @@ from __future__ import annotations
 
 from django.db import IntegrityError, transaction
 
+from worldcell import clock
+
 from .. import config, wake
 from ..models import QueueCell
 from . import db, sql
@@ -115,3 +117,17 @@ def _wake_after_commit(cell: QueueCell, now: int) -> None:
     taken, is explained there.)
     """
     transaction.on_commit(lambda: wake.after_transition(cell.name, cell.alarm_at, now), robust=True)
+
+
+def _lock_and_wake(cell_name: str, now: int | None) -> tuple[QueueCell | None, int]:
+    """An operator transition's start: lock the cell, read ``now`` (unless given), wake the cell on commit.
+
+    Returns ``(None, now)`` for a cell that was never written (nothing locked,
+    no wake-up). Must run inside the transition's ``transaction.atomic()``.
+    """
+    cell = _lock_cell(cell_name)
+    if cell is None:
+        return None, 0 if now is None else now
+    now = clock.now_ms() if now is None else now
+    _wake_after_commit(cell, now)
+    return cell, now

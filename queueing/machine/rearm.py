@@ -8,7 +8,7 @@ from django.db import transaction
 from worldcell import clock
 
 from . import db, sql
-from .lock import _lock_cell, _wake_after_commit, schedule_next_alarm
+from .lock import _lock_and_wake, _lock_cell, _wake_after_commit, schedule_next_alarm
 from .values import RearmReport
 
 __all__ = ["cell_stats", "rearm_alarm", "rearm_cell"]
@@ -31,11 +31,9 @@ def rearm_alarm(cell_name: str, now: int | None = None) -> dict[str, int | None]
     the alarm is due. A cell that was never written answers ``None``.
     """
     with transaction.atomic():
-        cell = _lock_cell(cell_name)
+        cell, now = _lock_and_wake(cell_name, now)
         if cell is None:
             return {"alarmAt": None}
-        now = clock.now_ms() if now is None else now
-        _wake_after_commit(cell, now)
         schedule_next_alarm(cell, now)
     return {"alarmAt": cell.alarm_at}
 
