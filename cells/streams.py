@@ -19,8 +19,8 @@ from typing import Any
 
 from worldcell import clock, codec
 from worldcell.errors import CellError, ValidationError
+from worldcell.keys import require_storable
 
-from .index import require_text
 from .models import Stream, StreamRegistration
 
 __all__ = ["StreamCell"]
@@ -51,7 +51,7 @@ class StreamCell:
     """
 
     def __init__(self, name: str):
-        self.name = require_text(name, "cell name", max_bytes=NAME_MAX_BYTES)
+        self.name = require_storable(name, "cell name", max_bytes=NAME_MAX_BYTES)
 
     # ------------------------------------------------------------ chunk role
 
@@ -123,7 +123,7 @@ class StreamCell:
 
         Raises ValidationError (400) for a non-string name.
         """
-        name = require_text(name, "name", max_bytes=NAME_MAX_BYTES)
+        name = require_storable(name, "name", max_bytes=NAME_MAX_BYTES)
         StreamRegistration.objects.register(self.name, name, clock.now())
 
     def list_streams(self) -> list[str]:
