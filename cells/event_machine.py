@@ -35,7 +35,9 @@ the event type needs one, which upstream reports as a runtime ``TypeError``
 
 Entities travel through this module as wire-shaped dicts (``runId``,
 ``createdAt``…) validated by ``cells.event_schemas``; rows are read and
-written only through the small storage helpers at the bottom.
+written only through the ``LockedRunCell`` (``cells.run_store``) it is given,
+which has read most of them already when the cell was opened and queues the
+writes until the caller finishes the cell.
 """
 from __future__ import annotations
 
@@ -56,7 +58,7 @@ from .event_schemas import (
     validate_run,
     validate_step,
 )
-from .models.runs import LockedRunCell
+from .run_store import LockedRunCell
 
 __all__ = ["SPEC_VERSION_CURRENT", "apply_event", "format_event_id", "js_string", "open_cell", "read_request"]
 
@@ -242,7 +244,7 @@ def apply_event(cell: LockedRunCell, run_id: str, data: dict[str, Any], token_ho
     machine = _EventMachine(cell, run_id, data, token_holder, now)
     outcome = machine.apply()
     if outcome["ok"] and machine.sequence != cell.event_sequence:
-        save_event_sequence(cell, machine.sequence)
+        cell.save_event_sequence(machine.sequence)
     return outcome
 
 
@@ -271,7 +273,7 @@ class _EventMachine:
     def apply(self) -> dict[str, Any]:
         kind = self.event_type
         if kind not in RUN_NOT_READ:  # 1
-            self.run = load_run(self.cell, full=kind in RUN_EVENTS)
+            self.run = self.cell.load_run(full=kind in RUN_EVENTS)
         run_created = None
         if kind == "run_started" and self.run is None and js_truthy(self.event_data):  # 2
             run_created = self._bootstrap()
@@ -289,7 +291,7 @@ class _EventMachine:
             if refusal:
                 return refusal
         if kind in ("hook_disposed", "hook_received") and js_truthy(self.correlation_id):  # 6
-            if not hook_exists(self.cell, js_string(self.correlation_id)):
+            if self.cell.load_hook(js_string(self.correlation_id)) is None:
                 return self._hook_not_found()
         if kind not in RUN_NOT_READ and kind != "run_started" and self.run is None:  # 7
             return self._run_not_found()
@@ -320,7 +322,7 @@ class _EventMachine:
         event_data = {"deploymentId": deployment_id, "workflowName": workflow_name, "input": run_input}
         if execution_context is not ABSENT:
             event_data["executionContext"] = execution_context
-        create_run(self.cell, run)
+        self.cell.create_run(run)
         self._append({"eventType": "run_created", "eventData": event_data})
         self.run = run
         return {"workflowName": run["workflowName"], "createdAt": self.now}
@@ -356,7 +358,7 @@ class _EventMachine:
 
     def _step_guard(self) -> tuple[dict[str, Any] | None, dict[str, Any] | None]:
         step_id = js_string(self.correlation_id)
-        step = load_step(self.cell, step_id)
+        step = self.cell.load_step(step_id)
         if step is None:
             return None, failure("STEP_NOT_FOUND", f'Step "{step_id}" not found')
         if step["status"] in TERMINAL_STEP:
@@ -410,7 +412,7 @@ class _EventMachine:
         return member(self.event_data, name)
 
     def _run_created(self) -> dict[str, Any]:
-        existing = load_run(self.cell, full=True)
+        existing = self.cell.load_run(full=True)
         if existing is not None:  # idempotent replay (Q9): no event, nothing validated
             return success(run=existing)
         deployment_id = self._required_data("deploymentId")
@@ -429,8 +431,8 @@ class _EventMachine:
             }
         )
         event = self._build_event(self.data)
-        create_run(self.cell, run)
-        store_event(self.cell, event)
+        self.cell.create_run(run)
+        self.cell.store_event(event)
         return success(
             event=event, run=run, runCreated={"workflowName": run["workflowName"], "createdAt": self.now}
         )
@@ -444,9 +446,9 @@ class _EventMachine:
         run.update(status="running", startedAt=self.run.get("startedAt", self.now), updatedAt=self.now)
         run = validate_run(run)
         event = self._build_event(self.data)
-        update_run(self.cell, self.run, run)
-        store_event(self.cell, event)
-        outcome = success(event=event, run=run, events=first_events(self.cell, RUN_STARTED_PRELOAD))
+        self.cell.update_run(self.run, run)
+        self.cell.store_event(event)
+        outcome = success(event=event, run=run, events=self.cell.first_events(RUN_STARTED_PRELOAD))
         if run_created is not None:
             outcome["runCreated"] = run_created
         return outcome
@@ -466,13 +468,14 @@ class _EventMachine:
         run.update(completedAt=self.now, updatedAt=self.now)
         run = validate_run(run)
         event = self._build_event(self.data)
-        update_run(self.cell, self.run, run)
-        store_event(self.cell, event)
-        return success(event=event, run=run, releasedHooks=release_all_hooks(self.cell))
+        self.cell.update_run(self.run, run)
+        self.cell.store_event(event)
+        released = [{"hookId": hook_id, "token": token} for hook_id, token in self.cell.release_all_hooks()]
+        return success(event=event, run=run, releasedHooks=released)
 
     def _step_created(self) -> dict[str, Any]:
         step_id = js_string(self.correlation_id)
-        if load_step(self.cell, step_id) is not None:
+        if self.cell.load_step(step_id) is not None:
             return failure("ENTITY_CONFLICT", f'Step "{step_id}" already exists')
         step = validate_step(
             {
@@ -488,8 +491,8 @@ class _EventMachine:
             }
         )
         event = self._build_event(self.data)
-        create_step(self.cell, step)
-        store_event(self.cell, event)
+        self.cell.create_step(step)
+        self.cell.store_event(event)
         return success(event=event, step=step)
 
     def _step_changed(self, current: dict[str, Any]) -> dict[str, Any]:
@@ -525,8 +528,8 @@ class _EventMachine:
         step["updatedAt"] = now
         step = validate_step(step)
         event = self._build_event(self.data)
-        update_step(self.cell, current, step)
-        store_event(self.cell, event)
+        self.cell.update_step(current, step)
+        self.cell.store_event(event)
         return success(event=event, step=step)
 
     def _hook_created(self) -> dict[str, Any]:
@@ -544,8 +547,8 @@ class _EventMachine:
             }
             return success(event=self._append(record))
         key = js_string(hook_id)
-        if marker_exists(self.cell, key):
-            existing = load_hook(self.cell, key)
+        if self.cell.has_marker(key):
+            existing = self.cell.load_hook(key)
             if existing is not None and not _given(holder):  # crash-orphan repair: no event
                 return success(hook=existing, hookToIndex=existing)
             return failure("ENTITY_CONFLICT", f'Hook "{key}" already created')
@@ -565,17 +568,17 @@ class _EventMachine:
             }
         )
         event = self._build_event(self.data)
-        create_hook(self.cell, hook, event["eventId"])
-        store_event(self.cell, event)
+        self.cell.create_hook(hook, event["eventId"])
+        self.cell.store_event(event)
         return success(event=event, hook=hook, hookToIndex=hook)
 
     def _hook_disposed(self) -> dict[str, Any]:
-        hook = load_hook(self.cell, js_string(self.correlation_id))
+        hook = self.cell.load_hook(js_string(self.correlation_id))
         if hook is None:  # an empty correlationId skipped the §5.5 step 6 guard
             return self._hook_not_found()
         event = self._build_event(self.data)
-        delete_hook(self.cell, hook["hookId"])
-        store_event(self.cell, event)
+        self.cell.delete_hook(hook["hookId"])
+        self.cell.store_event(event)
         return success(event=event, releasedHooks=[{"hookId": hook["hookId"], "token": hook["token"]}])
 
     # -- events --------------------------------------------------------------------------------
@@ -597,81 +600,5 @@ class _EventMachine:
     def _append(self, record: dict[str, Any]) -> dict[str, Any]:
         """Build, validate and store an event that comes with no entity change."""
         event = self._build_event(record)
-        store_event(self.cell, event)
+        self.cell.store_event(event)
         return event
-
-
-# --------------------------------------------------------------------------- storage
-#
-# The machine reads and writes rows only through these functions; they are
-# the seams tests use to inject crashes. ``LockedRunCell`` (cells.models.runs)
-# holds the SQL: it has read most of what they return when the cell was
-# opened, and queues the writes until the call finishes.
-
-
-def load_run(cell: LockedRunCell, full: bool = True) -> dict[str, Any] | None:
-    """The cell's run entity (``full=False``: at least ``status`` and ``specVersion``), or None."""
-    return cell.load_run(full)
-
-
-def create_run(cell: LockedRunCell, run: dict[str, Any]) -> None:
-    cell.create_run(run)
-
-
-def update_run(cell: LockedRunCell, old: dict[str, Any], new: dict[str, Any]) -> None:
-    """Write the members of ``new`` that changed (big unchanged payloads are not rewritten)."""
-    cell.update_run(old, new)
-
-
-def load_step(cell: LockedRunCell, step_id: str) -> dict[str, Any] | None:
-    return cell.load_step(step_id)
-
-
-def create_step(cell: LockedRunCell, step: dict[str, Any]) -> None:
-    cell.create_step(step)
-
-
-def update_step(cell: LockedRunCell, old: dict[str, Any], new: dict[str, Any]) -> None:
-    """Like ``update_run``: only the members that changed."""
-    cell.update_step(old, new)
-
-
-def load_hook(cell: LockedRunCell, hook_id: str) -> dict[str, Any] | None:
-    return cell.load_hook(hook_id)
-
-
-def hook_exists(cell: LockedRunCell, hook_id: str) -> bool:
-    return cell.load_hook(hook_id) is not None
-
-
-def marker_exists(cell: LockedRunCell, hook_id: str) -> bool:
-    return cell.has_marker(hook_id)
-
-
-def create_hook(cell: LockedRunCell, hook: dict[str, Any], event_id: str) -> None:
-    """Store a new live hook and its never-deleted ``hookevent:`` marker."""
-    cell.create_hook(hook, event_id)
-
-
-def delete_hook(cell: LockedRunCell, hook_id: str) -> None:
-    cell.delete_hook(hook_id)
-
-
-def release_all_hooks(cell: LockedRunCell) -> list[dict[str, str]]:
-    """Delete every live hook of the run; ``[{hookId, token}]`` in ``hook:<id>`` key order (§5.6)."""
-    return [{"hookId": hook_id, "token": token} for hook_id, token in cell.release_all_hooks()]
-
-
-def store_event(cell: LockedRunCell, event: dict[str, Any]) -> None:
-    """Append a validated event to the run's log."""
-    cell.store_event(event)
-
-
-def first_events(cell: LockedRunCell, limit: int) -> list[dict[str, Any]]:
-    """The run's first ``limit`` events in log order (the ``run_started`` preload, Q7)."""
-    return cell.first_events(limit)
-
-
-def save_event_sequence(cell: LockedRunCell, sequence: int) -> None:
-    """Persist the event counter (only ever for an ``ok: true`` outcome)."""
-    cell.save_event_sequence(sequence)

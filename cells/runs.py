@@ -6,7 +6,7 @@ one transaction that first locks the cell's ``RunCellState`` row (creating it
 when the event may create the run), so calls on one run are serialised while
 calls on different runs never wait for each other (DESIGN.md rule 1). The
 state machine lives in ``cells.event_machine``, the SQL in
-``cells.models.runs`` (``LockedRunCell``: on PostgreSQL two round trips per
+``cells.run_store`` (``LockedRunCell``: on PostgreSQL two round trips per
 event, prepared statements; ``read_*``: one statement per read).
 
 The reads never lock and never create anything: a run that was never written
@@ -27,13 +27,14 @@ from typing import Any
 from django.db import transaction
 
 from worldcell import clock
+from worldcell.sql import is_missing_prepared_statement
 from worldcell.errors import ValidationError
 from worldcell.keys import fits_utf8, storable_text
 
 from . import event_machine
 from .event_machine import js_string
 from .event_schemas import ABSENT, ID_MAX_BYTES, check_indexed_size
-from .models.runs import LockedRunCell, is_missing_prepared_statement, read_event, read_page, read_run, read_step
+from .run_store import LockedRunCell, read_event, read_page, read_run, read_step
 
 __all__ = ["RunCell"]
 
