@@ -1,10 +1,17 @@
-"""The run cell's event state machine: ``applyEvent`` (PROTOCOL.md §5.5–5.7).
+"""The run cell's event state machine: ``applyEvent`` (docs/protocol.md §5.5–5.7).
 
-``apply_event(cell, run_id, data, token_holder, now)`` applies one event
-(checked by ``read_request``) to one run cell and returns the outcome dict. The caller (``cells.runs.RunCell.apply_event``)
-first opens the cell (``open_cell``: its row lock plus, in the same round
-trip, the rows the event type needs) and finishes it afterwards; everything
-written here commits or rolls back with that one transaction.
+One call reads top to bottom (``cells.runs.RunCell.apply_event`` drives it):
+
+1. ``read_request(cell_name, request)`` — validation of the envelope (§5.4)
+   into an ``EventRequest``: event type, correlation id and the key it names,
+   ``eventData``, spec version, token holder, each read once.
+2. ``open_cell(cell, request)`` — the cell's row lock plus, in the same round
+   trip, the rows this event type needs (``cells.run_store.LockedRunCell``).
+3. ``apply_event(cell, request, now)`` — the §5.5 guards in their normative
+   order, then the §5.6 effect of the type: the new entity is built and
+   validated (``cells.event_schemas``), the event built and validated, and
+   both writes queued on the cell. The caller then finishes the cell:
+   everything written here commits or rolls back with that one transaction.
 
 The steps, in the normative order of §5.5:
 
@@ -34,10 +41,8 @@ the event type needs one, which upstream reports as a runtime ``TypeError``
 (HTTP 500): worldcell treats it as the bad input it is.
 
 Entities travel through this module as wire-shaped dicts (``runId``,
-``createdAt``…) validated by ``cells.event_schemas``; rows are read and
-written only through the ``LockedRunCell`` (``cells.run_store``) it is given,
-which has read most of them already when the cell was opened and queues the
-writes until the caller finishes the cell.
+``createdAt``…); rows are read and written only through the ``LockedRunCell``
+it is given, which read most of them when the cell was opened.
 """
 from __future__ import annotations
 
@@ -60,7 +65,7 @@ from .event_schemas import (
 )
 from .run_store import LockedRunCell
 
-__all__ = ["SPEC_VERSION_CURRENT", "apply_event", "format_event_id", "js_string", "open_cell", "read_request"]
+__all__ = ["SPEC_VERSION_CURRENT", "EventRequest", "apply_event", "format_event_id", "js_string", "open_cell", "read_request"]
 
 SPEC_VERSION_CURRENT = 3
 EVENT_ID_PREFIX = "wevt_z"
@@ -182,11 +187,42 @@ def success(**members: Any) -> dict[str, Any]:
 # --------------------------------------------------------------------------- the machine
 
 
-def read_request(cell_name: str, request: Any) -> tuple[str, dict[str, Any], Any]:
-    """Check the ``applyEvent`` envelope (§5.4): ``(runId, data, tokenHolder)``.
+class EventRequest:
+    """One ``applyEvent`` request, read once (§5.4): what ``open_cell`` and the machine look at.
+
+    Attributes:
+        run_id: the run id (= the cell name).
+        data: the compacted ``data`` object (top-level ``null`` = absent, §3.4).
+        token_holder: ``tokenHolder`` as sent, or ABSENT.
+        event_type: ``data.eventType`` when a string or absent; None for any other
+            value (it matches no branch: it reaches the default branch and fails
+            event validation there (400), or RUN_NOT_FOUND).
+        correlation_id, event_data: ``data.correlationId`` / ``data.eventData`` or ABSENT.
+        key: ``String(correlationId)``: the id the step / hook is looked up by.
+        spec_version: ``data.specVersion ?? 3``.
+    """
+
+    __slots__ = ("run_id", "data", "token_holder", "event_type", "correlation_id", "key", "event_data",
+                 "spec_version")
+
+    def __init__(self, run_id: str, data: dict[str, Any], token_holder: Any = ABSENT):
+        self.run_id = run_id
+        self.data = data
+        self.token_holder = token_holder
+        event_type = data.get("eventType", ABSENT)
+        self.event_type = event_type if isinstance(event_type, str) or event_type is ABSENT else None
+        self.correlation_id = data.get("correlationId", ABSENT)
+        self.key = js_string(self.correlation_id)
+        self.event_data = data.get("eventData", ABSENT)
+        self.spec_version = data.get("specVersion", SPEC_VERSION_CURRENT)
+
+
+def read_request(cell_name: str, request: Any) -> EventRequest:
+    """Check the ``applyEvent`` envelope (§5.4) and read it into an ``EventRequest``.
 
     ``runId`` must be the cell name (§12 A9: worldcell rejects a mismatch);
     ``data`` must be an object and is compacted (top-level ``null`` = absent).
+    Raises ValidationError (400) otherwise.
     """
     if not isinstance(request, dict):
         raise ValidationError("request: expected object")
@@ -198,11 +234,11 @@ def read_request(cell_name: str, request: Any) -> tuple[str, dict[str, Any], Any
     data = request.get("data", ABSENT)
     if not isinstance(data, dict):
         raise ValidationError("request.data: expected object")
-    return run_id, compact(data), request.get("tokenHolder", ABSENT)
+    return EventRequest(run_id, compact(data), request.get("tokenHolder", ABSENT))
 
 
-def open_cell(cell: LockedRunCell, data: dict[str, Any]) -> None:
-    """Lock ``cell`` and read, in the same round trip, what an event like ``data`` needs.
+def open_cell(cell: LockedRunCell, request: EventRequest) -> None:
+    """Lock ``cell`` and read, in the same round trip, what ``request``'s event type needs.
 
     Only ``run_created`` and ``run_started`` can create a run, so only they
     create a missing cell row; for any other type a missing row means no run,
@@ -212,16 +248,13 @@ def open_cell(cell: LockedRunCell, data: dict[str, Any]) -> None:
     the hook (and marker) of a hook event, the live hooks of a terminal
     transition, the ``run_started`` preload.
     """
-    kind = data.get("eventType")
-    if not isinstance(kind, str):
-        kind = None
+    kind, key = request.event_type, request.key
     if kind in RUN_EVENTS:
         run = "full"  # returned in the outcome (run_created: the replay returns the stored run)
     elif kind in RUN_NOT_READ:
         run = None  # step_completed, step_retrying never read it
     else:
         run = "slim"  # the guards need status and specVersion only
-    key = js_string(data.get("correlationId", ABSENT))
     storable = storable_text(key)
     cell.open(
         create=kind in RUN_CREATORS,
@@ -234,14 +267,14 @@ def open_cell(cell: LockedRunCell, data: dict[str, Any]) -> None:
     )
 
 
-def apply_event(cell: LockedRunCell, run_id: str, data: dict[str, Any], token_holder: Any,
-                now: datetime) -> dict[str, Any]:
-    """Apply one ``applyEvent`` request (``read_request``'s answer) to the opened ``cell`` at ``now`` (§5.5).
+def apply_event(cell: LockedRunCell, request: EventRequest, now: datetime) -> dict[str, Any]:
+    """Apply ``request`` to the opened ``cell`` at ``now``: the §5.5 guards, then the §5.6 effect.
 
-    Returns the outcome dict; the writes are queued on ``cell``. Raises
-    ValidationError / CellError (the caller then rolls everything back).
+    Returns the outcome dict; the writes are queued on ``cell`` (the event
+    counter too, for an ``ok: true`` outcome). Raises ValidationError /
+    CellError (the caller then rolls everything back).
     """
-    machine = _EventMachine(cell, run_id, data, token_holder, now)
+    machine = _EventMachine(cell, request, now)
     outcome = machine.apply()
     if outcome["ok"] and machine.sequence != cell.event_sequence:
         cell.save_event_sequence(machine.sequence)
@@ -251,20 +284,17 @@ def apply_event(cell: LockedRunCell, run_id: str, data: dict[str, Any], token_ho
 class _EventMachine:
     """One ``applyEvent`` call: the request, ``now``, the loaded run and the event counter."""
 
-    def __init__(self, cell: LockedRunCell, run_id: str, data: dict[str, Any], token_holder: Any, now: datetime):
+    def __init__(self, cell: LockedRunCell, request: EventRequest, now: datetime):
         self.cell = cell
-        self.run_id = run_id
-        self.data = data
-        event_type = data.get("eventType", ABSENT)
-        # A non-string eventType (e.g. a list) matches no branch: it reaches the
-        # default branch and fails event validation there (400), or RUN_NOT_FOUND.
-        self.event_type = event_type if isinstance(event_type, str) or event_type is ABSENT else None
-        self.correlation_id = data.get("correlationId", ABSENT)
-        self.event_data = data.get("eventData", ABSENT)
-        self.token_holder = token_holder
+        self.run_id = request.run_id
+        self.data = request.data
+        self.event_type = request.event_type
+        self.correlation_id = request.correlation_id
+        self.key = request.key
+        self.event_data = request.event_data
+        self.token_holder = request.token_holder
+        self.spec_version = request.spec_version
         self.now = now
-        # sv := data.specVersion ?? 3 (compact already turned null into absent)
-        self.spec_version = data.get("specVersion", SPEC_VERSION_CURRENT)
         self.sequence = cell.event_sequence
         self.run: dict[str, Any] | None = None
 
@@ -291,7 +321,7 @@ class _EventMachine:
             if refusal:
                 return refusal
         if kind in ("hook_disposed", "hook_received") and js_truthy(self.correlation_id):  # 6
-            if self.cell.load_hook(js_string(self.correlation_id)) is None:
+            if self.cell.load_hook(self.key) is None:
                 return self._hook_not_found()
         if kind not in RUN_NOT_READ and kind != "run_started" and self.run is None:  # 7
             return self._run_not_found()
@@ -357,7 +387,7 @@ class _EventMachine:
         return None
 
     def _step_guard(self) -> tuple[dict[str, Any] | None, dict[str, Any] | None]:
-        step_id = js_string(self.correlation_id)
+        step_id = self.key
         step = self.cell.load_step(step_id)
         if step is None:
             return None, failure("STEP_NOT_FOUND", f'Step "{step_id}" not found')
@@ -371,7 +401,7 @@ class _EventMachine:
         return step, None
 
     def _hook_not_found(self) -> dict[str, Any]:
-        return failure("HOOK_NOT_FOUND", f'Hook "{js_string(self.correlation_id)}" not found')
+        return failure("HOOK_NOT_FOUND", f'Hook "{self.key}" not found')
 
     def _run_not_found(self) -> dict[str, Any]:
         return failure("RUN_NOT_FOUND", f'Workflow run "{self.run_id}" not found')
@@ -474,7 +504,7 @@ class _EventMachine:
         return success(event=event, run=run, releasedHooks=released)
 
     def _step_created(self) -> dict[str, Any]:
-        step_id = js_string(self.correlation_id)
+        step_id = self.key
         if self.cell.load_step(step_id) is not None:
             return failure("ENTITY_CONFLICT", f'Step "{step_id}" already exists')
         step = validate_step(
@@ -573,7 +603,7 @@ class _EventMachine:
         return success(event=event, hook=hook, hookToIndex=hook)
 
     def _hook_disposed(self) -> dict[str, Any]:
-        hook = self.cell.load_hook(js_string(self.correlation_id))
+        hook = self.cell.load_hook(self.key)
         if hook is None:  # an empty correlationId skipped the §5.5 step 6 guard
             return self._hook_not_found()
         event = self._build_event(self.data)

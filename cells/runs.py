@@ -70,12 +70,12 @@ class RunCell:
         (``LockedRunCell``); elsewhere it runs inside ``transaction.atomic()``.
         """
         self._check_writable_name()
-        run_id, data, token_holder = event_machine.read_request(self.name, request)
+        event = event_machine.read_request(self.name, request)
         if LockedRunCell.can_begin_inline():
             for attempt in (1, 2):
                 cell = LockedRunCell(self.name, inline=True)
                 try:
-                    return self._apply(cell, run_id, data, token_holder)
+                    return self._apply(cell, event)
                 except BaseException as exc:
                     cell.abort()
                     # a prepared statement vanished (pooler reset): everything was
@@ -84,13 +84,13 @@ class RunCell:
                         continue
                     raise
         with transaction.atomic():
-            return self._apply(LockedRunCell(self.name), run_id, data, token_holder)
+            return self._apply(LockedRunCell(self.name), event)
 
     @staticmethod
-    def _apply(cell: LockedRunCell, run_id: str, data: dict[str, Any], token_holder: Any) -> dict[str, Any]:
-        event_machine.open_cell(cell, data)
+    def _apply(cell: LockedRunCell, event: event_machine.EventRequest) -> dict[str, Any]:
+        event_machine.open_cell(cell, event)
         # "now" is read under the lock, so event times follow the log order
-        outcome = event_machine.apply_event(cell, run_id, data, token_holder, clock.now())
+        outcome = event_machine.apply_event(cell, event, clock.now())
         cell.finish()
         return outcome
 

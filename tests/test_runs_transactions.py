@@ -244,13 +244,13 @@ def test_only_a_pending_run_preloads_its_events_for_run_started(run):
     run.create()
     with transaction.atomic():
         cell = LockedRunCell("wrun_test")
-        event_machine.open_cell(cell, {"eventType": "run_started"})
+        event_machine.open_cell(cell, event_machine.EventRequest("wrun_test", {"eventType": "run_started"}))
         assert [e["eventType"] for e in cell.first_events(1000)] == ["run_created"]
         assert cell._first_bodies is not None
     run.ok("run_started")
     with transaction.atomic():
         cell = LockedRunCell("wrun_test")
-        event_machine.open_cell(cell, {"eventType": "run_started"})
+        event_machine.open_cell(cell, event_machine.EventRequest("wrun_test", {"eventType": "run_started"}))
         assert cell._first_bodies is None
         assert len(cell.first_events(1000)) == 2  # still right if asked
     assert "events" not in run.ok("run_started")
