@@ -56,7 +56,6 @@ claim twice.
 from __future__ import annotations
 
 import logging
-import math
 import uuid
 from dataclasses import dataclass, field
 from typing import Any, Callable, Iterable
@@ -65,6 +64,7 @@ from django.db import IntegrityError, connection, transaction
 from django.db.models import Q
 
 from worldcell import clock, codec
+from worldcell.keys import clamp_ms, ms13
 
 from . import config, wake
 from .combining import Combiner
@@ -187,24 +187,6 @@ class RearmReport:
 
 
 # --------------------------------------------------------------------------- keys and times
-
-
-def clamp_ms(ms: float) -> int:
-    """Floor ``ms`` into ``[0, MAX_EPOCH_MS]`` (the ``ms13`` rule of §7.1, plus an upper bound).
-
-    Total over floats: NaN and ``-inf`` (e.g. a 503 ``timeoutSeconds`` of
-    ``-1e308`` times 1000) give 0 — "due now" — and ``+inf`` gives the bound.
-    """
-    if ms != ms or ms <= 0:  # NaN, negative (incl. -inf)
-        return 0
-    if ms >= config.MAX_EPOCH_MS:  # incl. +inf
-        return config.MAX_EPOCH_MS
-    return math.floor(ms)
-
-
-def ms13(ms: float) -> str:
-    """Epoch ms as the 13-digit key fragment of §7.1 (``max(0, floor(ms))``, zero-padded)."""
-    return str(clamp_ms(ms)).zfill(13)
 
 
 def dlq_key(failed_at: int, message_id: str) -> str:

@@ -32,6 +32,7 @@ import math
 from typing import Any
 
 from worldcell.errors import ValidationError
+from worldcell.keys import require_storable as _storable
 
 from . import machine
 
@@ -45,20 +46,6 @@ IDEMPOTENCY_KEY_MAX_BYTES = 2048
 QUEUE_NAME_MAX_BYTES = 1024
 PATHNAME_MAX_BYTES = 1024
 TARGET_BASE_URL_MAX_BYTES = 8192
-
-
-def _storable(text: str, field: str, max_bytes: int | None = None) -> str:
-    """``text`` unless it holds U+0000 or a lone surrogate (neither fits a text column)
-    or is longer than ``max_bytes`` UTF-8 bytes."""
-    if "\x00" in text:
-        raise ValidationError(f"{field}: must not contain U+0000")
-    try:
-        size = len(text.encode("utf-8"))
-    except UnicodeEncodeError:
-        raise ValidationError(f"{field}: must not contain a lone surrogate") from None
-    if max_bytes is not None and size > max_bytes:
-        raise ValidationError(f"{field}: longer than {max_bytes} UTF-8 bytes")
-    return text
 
 
 def _string(obj: dict, key: str, field: str, *, optional: bool = False) -> str | None:
