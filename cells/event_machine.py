@@ -63,9 +63,10 @@ from .event_schemas import (
     validate_run,
     validate_step,
 )
+from .javascript import given, js_string, js_truthy
 from .run_store import LockedRunCell
 
-__all__ = ["SPEC_VERSION_CURRENT", "EventRequest", "apply_event", "format_event_id", "js_string", "open_cell", "read_request"]
+__all__ = ["SPEC_VERSION_CURRENT", "EventRequest", "apply_event", "format_event_id", "open_cell", "read_request"]
 
 SPEC_VERSION_CURRENT = 3
 EVENT_ID_PREFIX = "wevt_z"
@@ -90,59 +91,12 @@ def format_event_id(sequence: int) -> str:
     return f"{EVENT_ID_PREFIX}{sequence:020d}"
 
 
-# --------------------------------------------------------------------------- JavaScript semantics
-
-
-def js_truthy(value: Any) -> bool:
-    """JavaScript truthiness: absent, null, false, 0 and "" are falsy; objects (even empty) are not."""
-    if value is ABSENT or value is None or value is False:
-        return False
-    if isinstance(value, (int, float, str)):
-        return bool(value)
-    return True
-
-
-def _js_number(value: int | float) -> str:
-    if isinstance(value, int):
-        return str(value)
-    if value.is_integer() and abs(value) < 1e21:
-        return str(int(value))
-    return repr(value).replace("e-0", "e-").replace("e+0", "e+")
-
-
-def js_string(value: Any) -> str:
-    """``String(value)``: how upstream builds a key or message from a non-string id.
-
-    ``step:<correlationId>`` with no correlationId looks up ``step:undefined``
-    upstream; this reproduces such keys and the messages that quote them.
-    """
-    if isinstance(value, str):
-        return value
-    if value is ABSENT:
-        return "undefined"
-    if value is None:
-        return "null"
-    if isinstance(value, bool):
-        return "true" if value else "false"
-    if isinstance(value, (int, float)):
-        return _js_number(value)
-    if isinstance(value, list):
-        return ",".join("" if x is None else js_string(x) for x in value)
-    if isinstance(value, (bytes, bytearray)):
-        return ",".join(str(b) for b in value)
-    if isinstance(value, datetime):
-        return codec.to_utc_ms(value).strftime("%a %b %d %Y %H:%M:%S GMT+0000 (Coordinated Universal Time)")
-    return "[object Object]"
-
-
-def _given(value: Any) -> bool:
-    """True when JavaScript's ``value ?? fallback`` picks ``value`` (it is neither absent nor null)."""
-    return value is not ABSENT and value is not None
+# --------------------------------------------------------------------------- spec versions and errors
 
 
 def is_legacy_spec_version(version: Any) -> bool:
     """``isLegacySpecVersion``: absent, null, or <= 1."""
-    return not _given(version) or (is_number(version) and version <= 1)
+    return not given(version) or (is_number(version) and version <= 1)
 
 
 def requires_newer_world(version: Any) -> bool:
@@ -159,11 +113,11 @@ def to_structured_error(err: Any, *, stack: Any = ABSENT, code: Any = ABSENT) ->
     else:
         message = "Unknown error"
     out: dict[str, Any] = {"message": message}
-    if _given(stack):
+    if given(stack):
         out["stack"] = stack
     elif isinstance(member(err, "stack"), str):
         out["stack"] = err["stack"]
-    if _given(code):
+    if given(code):
         out["code"] = code
     elif isinstance(member(err, "code"), str):
         out["code"] = err["code"]
@@ -579,7 +533,7 @@ class _EventMachine:
         key = js_string(hook_id)
         if self.cell.has_marker(key):
             existing = self.cell.load_hook(key)
-            if existing is not None and not _given(holder):  # crash-orphan repair: no event
+            if existing is not None and not given(holder):  # crash-orphan repair: no event
                 return success(hook=existing, hookToIndex=existing)
             return failure("ENTITY_CONFLICT", f'Hook "{key}" already created')
         is_webhook = member(self.event_data, "isWebhook")
@@ -594,7 +548,7 @@ class _EventMachine:
                 "environment": "",
                 "createdAt": self.now,
                 "specVersion": self.spec_version,
-                "isWebhook": is_webhook if _given(is_webhook) else False,
+                "isWebhook": is_webhook if given(is_webhook) else False,
             }
         )
         event = self._build_event(self.data)

@@ -32,8 +32,8 @@ from worldcell.errors import ValidationError
 from worldcell.keys import fits_utf8, storable_text
 
 from . import event_machine
-from .event_machine import js_string
 from .event_schemas import ABSENT, ID_MAX_BYTES, check_indexed_size
+from .javascript import js_string
 from .run_store import LockedRunCell, read_event, read_page, read_run, read_step
 
 __all__ = ["RunCell"]
