@@ -302,7 +302,7 @@ class LockedRunCell:
     read (none on the paths above) flushes the queued writes first, so it
     sees them. ``event_machine`` reads and writes only through this object.
 
-    Transactions (DESIGN.md rules 1–2):
+    Transactions (docs/architecture.md rules 1–2):
 
     * ``inline=True`` — PostgreSQL on an autocommit connection (an RPC
       request; ``can_begin_inline``). ``BEGIN`` travels in the query string

@@ -1,17 +1,17 @@
-"""The runs cell service: one workflow run = one cell (PROTOCOL.md §4.1, §5).
+"""The runs cell service: one workflow run = one cell (docs/protocol.md §4.1, §5).
 
 ``RunCell(name)`` serves the seven wire methods of the ``runs`` binding for
 the run whose id is ``name``. ``apply_event`` is the only writer: it runs in
 one transaction that first locks the cell's ``RunCellState`` row (creating it
 when the event may create the run), so calls on one run are serialised while
-calls on different runs never wait for each other (DESIGN.md rule 1). The
+calls on different runs never wait for each other (docs/architecture.md rule 1). The
 state machine lives in ``cells.event_machine``, the SQL in
 ``cells.run_store`` (``LockedRunCell``: on PostgreSQL two round trips per
 event, prepared statements; ``read_*``: one statement per read).
 
 The reads never lock and never create anything: a run that was never written
 (or whose id could never be stored) answers ``null`` / an empty page. The
-lists follow PROTOCOL.md §4.0:
+lists follow docs/protocol.md §4.0:
 ``listEvents`` is P1 (keyed by event id), ``listSteps``/``listHooks`` are P2
 (keyed by ``<ISO createdAt>:<id>``); each fetches one row more than the
 limit to tell ``hasMore``, and the cursor is the key of the last row
@@ -54,7 +54,7 @@ class RunCell:
     # ------------------------------------------------------------------ write
 
     def apply_event(self, request: Any = ABSENT) -> dict[str, Any]:
-        """``applyEvent([request])``: apply one event atomically (PROTOCOL.md §5).
+        """``applyEvent([request])``: apply one event atomically (docs/protocol.md §5).
 
         Returns the outcome (``{"ok": true, …}`` or a guard failure
         ``{"ok": false, "code", "message"}``). Raises ValidationError (400)

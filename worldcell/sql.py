@@ -3,8 +3,8 @@
 Hot paths run fixed SQL text instead of querysets: compiling a queryset costs
 about 1 ms of CPU per statement, the statements themselves a fraction of
 that. Identifiers are double-quoted and placeholders are ``%s``, valid on
-PostgreSQL and SQLite; table names come from ``table(Model)`` — never from
-values (docs/architecture.md "Each rule written once").
+PostgreSQL and SQLite; table names come from ``table(Model)``, values only
+ever travel as parameters.
 
 The interface (everything else here is private):
 

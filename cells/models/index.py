@@ -1,6 +1,6 @@
-"""Models of the index cell: one ordered key/value table (PROTOCOL.md §4.3, §6).
+"""Models of the index cell: one ordered key/value table (docs/protocol.md §4.3, §6).
 
-The index is the only generic key/value store of worldcell (DESIGN.md, §13):
+The index is the only generic key/value store of worldcell (docs/architecture.md, §13):
 the client writes arbitrary keys into it (``run:…``, ``runall:…``,
 ``correlation:…``) and the hook-token methods keep ``hook:``, ``hookid:`` and
 ``hookclaim:`` entries there. One row = one key of one cell.
@@ -106,7 +106,7 @@ class IndexEntryManager(models.Manager):
 
 
 class IndexEntry(models.Model):
-    """One key of one index cell (PROTOCOL.md §6.1).
+    """One key of one index cell (docs/protocol.md §6.1).
 
     Fields:
         cell: the cell name (the client always uses ``index``); bytewise collation.
@@ -150,7 +150,7 @@ def lock_hook_token(cell: str, token: str) -> None:
 
     PostgreSQL: ``pg_advisory_xact_lock`` on a 64-bit hash of (cell, token),
     so operations on *different* tokens never wait for each other (§6.3,
-    DESIGN.md rule 1) and no lock row has to be created or cleaned up. A hash
+    docs/architecture.md rule 1) and no lock row has to be created or cleaned up. A hash
     collision can only make two tokens wait for each other, never break
     correctness. SQLite: a no-op — its IMMEDIATE transactions already hold
     the database write lock. Must be called inside ``transaction.atomic()``.

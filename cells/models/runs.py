@@ -1,4 +1,4 @@
-"""Models of the runs cell: one run = one cell (PROTOCOL.md §5.9, DESIGN.md).
+"""Models of the runs cell: one run = one cell (docs/protocol.md §5.9, docs/architecture.md).
 
 Upstream keeps a run cell as keys in one private map (``run``, ``step:<id>``,
 ``stepcreated:<ISO>:<id>``, ``hook:<id>``, ``hookevent:<id>``,
@@ -90,7 +90,7 @@ class RunCellState(models.Model):
 
 
 class Run(EntityRow, models.Model):
-    """The run entity of a run cell (PROTOCOL.md §5.2 WorkflowRun).
+    """The run entity of a run cell (docs/protocol.md §5.2 WorkflowRun).
 
     Fields:
         cell: the owning cell (primary key); ``cell.name`` is the run id.
@@ -155,7 +155,7 @@ def creation_sort_key(created_at: datetime, entity_id: str) -> str:
 
 
 class Step(EntityRow, models.Model):
-    """A step of a run (PROTOCOL.md §5.2 Step).
+    """A step of a run (docs/protocol.md §5.2 Step).
 
     Fields:
         run: the owning run.
@@ -211,7 +211,7 @@ class Step(EntityRow, models.Model):
 
 
 class Hook(EntityRow, models.Model):
-    """A live hook of a run (PROTOCOL.md §5.2 Hook); deleted on dispose or terminal run.
+    """A live hook of a run (docs/protocol.md §5.2 Hook); deleted on dispose or terminal run.
 
     Fields:
         run: the owning run.
@@ -260,7 +260,7 @@ class Hook(EntityRow, models.Model):
 
 
 class HookMarker(models.Model):
-    """``hookevent:<hookId>``: a hook was created on this run (PROTOCOL.md §5.6, quirk Q5).
+    """``hookevent:<hookId>``: a hook was created on this run (docs/protocol.md §5.6, quirk Q5).
 
     Never deleted, so a hook id is never created twice on one run, even
     after the hook was disposed or released.
@@ -284,7 +284,7 @@ class HookMarker(models.Model):
 
 
 class Event(models.Model):
-    """One event of a run's append-only log (PROTOCOL.md §5.2 Event).
+    """One event of a run's append-only log (docs/protocol.md §5.2 Event).
 
     Fields:
         run: the owning run.

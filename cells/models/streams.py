@@ -1,4 +1,4 @@
-"""Models of the streams cell: streams, their chunks, and per-run stream registries (PROTOCOL.md §8).
+"""Models of the streams cell: streams, their chunks, and per-run stream registries (docs/protocol.md §8).
 
 A streams cell plays two roles chosen by which methods are called (§8.1):
 
