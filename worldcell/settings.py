@@ -46,7 +46,7 @@ MIDDLEWARE = [
     "worldcell.middleware.CollapseSlashesMiddleware",
     "django.middleware.security.SecurityMiddleware",
     # static files from the application itself, any WSGI server (docs/operations.md "Static files")
-    "whitenoise.middleware.WhiteNoiseMiddleware",
+    "worldcell.staticfiles.StaticFilesMiddleware",
     "django.contrib.sessions.middleware.SessionMiddleware",
     "django.middleware.common.CommonMiddleware",
     "django.middleware.csrf.CsrfViewMiddleware",

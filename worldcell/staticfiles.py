@@ -1,8 +1,9 @@
-"""The static files storage: whitenoise's compressed, content-hashed manifest (docs/operations.md "Static files")."""
+"""Static files: whitenoise's compressed, content-hashed manifest storage and its middleware (docs/operations.md "Static files")."""
 from __future__ import annotations
 
 import logging
 
+from whitenoise.middleware import WhiteNoiseMiddleware
 from whitenoise.storage import CompressedManifestStaticFilesStorage
 
 log = logging.getLogger("worldcell.staticfiles")
@@ -30,3 +31,18 @@ class StaticStorage(CompressedManifestStaticFilesStorage):
                 StaticStorage._warned = True
                 log.warning("static files are not collected (run manage.py collectstatic); serving them unhashed")
             return name
+
+
+class StaticFilesMiddleware(WhiteNoiseMiddleware):
+    """whitenoise's middleware, where collected files (STATIC_ROOT) win over the apps' own copies.
+
+    With ``WHITENOISE_USE_FINDERS`` whitenoise indexes the apps' static folders
+    after STATIC_ROOT and lets them replace the collected files of the same
+    URL (plain names would then lose their compressed variants). Here the
+    finders only fill the gaps: files not collected yet.
+    """
+
+    def add_files_from_finders(self) -> None:
+        collected = dict(self.files)
+        super().add_files_from_finders()
+        self.files.update(collected)
