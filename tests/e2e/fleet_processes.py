@@ -92,10 +92,12 @@ def dev_fleet(db_url: str, data_dir: Path, log_path: Path, extra_env: dict[str, 
 
 @contextlib.contextmanager
 def celery_fleet(db_url: str, data_dir: Path, log_dir: Path, broker_url: str, extra_env: dict[str, str] | None = None,
-                 processes: tuple[str, ...] = ("api", "worker", "beat"), port: int | None = None):
+                 processes: tuple[str, ...] = ("api", "worker", "beat"), port: int | None = None,
+                 process_env: dict[str, dict[str, str]] | None = None):
     """Run migrate, collectstatic, gunicorn, a Celery worker and Celery beat as README.md starts them.
 
-    ``processes`` picks which of ``api``, ``worker``, ``beat`` to start; yields ``(url, secret, procs)``.
+    ``processes`` picks which of ``api``, ``worker``, ``beat`` to start, ``process_env``
+    adds variables to one of them; yields ``(url, secret, procs)``.
     """
     secret = uuid.uuid4().hex
     port = port or free_port()
@@ -121,7 +123,8 @@ def celery_fleet(db_url: str, data_dir: Path, log_dir: Path, broker_url: str, ex
                 continue
             log = open(log_dir / f"{name}.log", "ab")
             logs.append(log)
-            procs.append(subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT))
+            own_env = {**env, **(process_env or {}).get(name, {})}
+            procs.append(subprocess.Popen(cmd, cwd=ROOT, env=own_env, stdout=log, stderr=subprocess.STDOUT))
         url = f"http://127.0.0.1:{port}"
         if "api" in processes:
             wait_healthy(url, procs)
