@@ -8,6 +8,13 @@ in the totals, as Prometheus expects of a counter.
 """
 import os
 
+if os.environ.get("PROMETHEUS_MULTIPROC_DIR"):
+    # imported here, not in child_exit: that hook runs from the SIGCHLD handler, where an import
+    # interrupted by the next SIGCHLD fails half-initialised
+    from prometheus_client import multiprocess
+else:
+    multiprocess = None
+
 worker_class = "gthread"
 workers = int(os.environ.get("WEB_CONCURRENCY", "3"))
 threads = int(os.environ.get("GUNICORN_THREADS", "8"))
@@ -25,7 +32,5 @@ def on_starting(server):
 
 
 def child_exit(server, worker):
-    if os.environ.get("PROMETHEUS_MULTIPROC_DIR"):
-        from prometheus_client import multiprocess
-
+    if multiprocess is not None:
         multiprocess.mark_process_dead(worker.pid)
