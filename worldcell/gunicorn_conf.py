@@ -1,7 +1,9 @@
 """gunicorn settings for the API (``gunicorn -c python:worldcell.gunicorn_conf worldcell.wsgi:application``).
 
-Command-line flags still override these. What it adds (docs/operations.md "Metrics"):
-with ``PROMETHEUS_MULTIPROC_DIR`` set, the master empties that directory when it
+Command-line flags still override these. What it adds: the master checks the
+configuration first (``worldcell.startup``: one line and exit status 2 when, e.g.,
+``DATABASE_URL`` names a database that does not exist or ``WORLD_SECRET`` is unset);
+and (docs/operations.md "Metrics") with ``PROMETHEUS_MULTIPROC_DIR`` set, the master empties that directory when it
 starts (values of a previous run would otherwise be added in again) and marks each
 exited worker dead so its live gauges stop counting; counters of dead workers stay
 in the totals, as Prometheus expects of a counter.
@@ -23,6 +25,10 @@ bind = os.environ.get("WORLDCELL_BIND", "127.0.0.1:8787")
 
 
 def on_starting(server):
+    # a bad configuration is one line and exit status 2, before any worker starts (worldcell.startup)
+    from worldcell.startup import exit_if_misconfigured
+
+    exit_if_misconfigured("api")
     path = os.environ.get("PROMETHEUS_MULTIPROC_DIR")
     if path:
         os.makedirs(path, exist_ok=True)
