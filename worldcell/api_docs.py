@@ -147,9 +147,9 @@ METHODS: dict[tuple[str, str], JSON] = {
     ("streams", "getInfo"): {"summary": "Tail index and done flag", "args": [], "result": {"type": "object", "properties": {
         "tailIndex": {"type": "integer"}, "done": {"type": "boolean"}}}, "example": [], "cell": "stream:docs"},
     ("streams", "registerStream"): {"summary": "Record a stream name in the run's registry", "args": [("name", {"type": "string"}, "")],
-                                    "result": NULL, "example": ["stream:docs"], "cell": "wrun_docs"},
+                                    "result": NULL, "example": ["stream:docs"], "cell": "run-streams:wrun_docs"},
     ("streams", "listStreams"): {"summary": "Sorted registered stream names", "args": [],
-                                 "result": {"type": "array", "items": {"type": "string"}}, "example": [], "cell": "wrun_docs"},
+                                 "result": {"type": "array", "items": {"type": "string"}}, "example": [], "cell": "run-streams:wrun_docs"},
     ("index", "get"): {"summary": "The stored value, or null", "args": [("key", {"type": "string"}, "")], "result": {},
                        "example": ["run:wrun_docs"], "cell": "index"},
     ("index", "put"): {"summary": "Store (overwrite) a value", "args": [("key", {"type": "string"}, ""), ("value", {}, "any value")],
