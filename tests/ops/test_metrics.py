@@ -139,3 +139,20 @@ def test_metrics_token(client, settings):
 def test_metrics_can_be_turned_off(client, settings):
     settings.METRICS_ENABLED = False
     assert client.get("/metrics").status_code == 404
+
+
+def test_the_shipped_dashboard_and_alerts_use_only_metrics_that_exist(client, rpc):
+    import json
+    import re
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[2]
+    rpc.ok("queue", "q:0", "stats")
+    exposed = client.get("/metrics").content.decode()
+    names = set(re.findall(r"^# TYPE (worldcell_\w+) ", exposed, re.M))
+    dashboard = (root / "contrib" / "grafana" / "worldcell.json").read_text()
+    json.loads(dashboard)
+    alerts = (root / "contrib" / "prometheus" / "alerts.yml").read_text()
+    used = set(re.findall(r"\b(worldcell_[a-z_]+)", dashboard + alerts))
+    unknown = {u for u in used if re.sub(r"_(bucket|count|sum|total)$", "", u) not in names and u not in names}
+    assert not unknown, unknown
