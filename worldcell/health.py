@@ -213,4 +213,9 @@ def live(request: HttpRequest) -> HttpResponse:
 def ready(request: HttpRequest) -> HttpResponse:
     """``GET /healthz/ready``: 200 when every check passes, else 503; the body names each check."""
     ok, results = readiness()
-    return _json({"ok": ok, "checks": results}, 200 if ok else 503)
+    response = _json({"ok": ok, "checks": results}, 200 if ok else 503)
+    if not ok:
+        # one WARNING naming the failed checks instead of Django's "Service Unavailable" ERROR per probe
+        response._has_been_logged = True
+        log.warning("not ready: %s", ", ".join(f"{k} ({v.get('error')})" for k, v in results.items() if not v["ok"]))
+    return response
