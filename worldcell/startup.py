@@ -54,10 +54,11 @@ def check(role: str) -> str | None:
     """
     os.environ.setdefault("DJANGO_SETTINGS_MODULE", "worldcell.settings")
     try:
-        import django
-
-        django.setup()
+        # the settings only, not django.setup(): in Celery beat that would re-apply LOGGING over
+        # Celery's own handlers, and beat's log lines would vanish
         from django.conf import settings
+
+        settings.WORLD_SECRET  # noqa: B018 - loads (and validates) the settings module
     except Exception as exc:  # noqa: BLE001 - a settings error is a configuration error
         return f"the settings cannot be loaded: {type(exc).__name__}: {' '.join(str(exc).split())[:300]}"
     if role == "api" and not settings.WORLD_SECRET:
