@@ -31,6 +31,7 @@ from __future__ import annotations
 import math
 from typing import Any
 
+from worldcell import metrics
 from worldcell.errors import ValidationError
 from worldcell.keys import require_storable as _storable
 
@@ -130,7 +131,11 @@ class QueueCell:
 
     def enqueue(self, request: Any = None) -> dict[str, Any]:
         """``enqueue([request])`` -> ``{"ok":true,"messageId","deduped"}`` or CONFIG_MISMATCH (§4.4, §7.3)."""
-        return machine.enqueue(self.name, parse_enqueue_request(request))
+        parsed = parse_enqueue_request(request)
+        result = machine.enqueue(self.name, parsed)
+        if result.get("ok"):
+            metrics.record_enqueue(parsed.queue_name, bool(result.get("deduped")))
+        return result
 
     def stats(self) -> dict[str, Any]:
         """``stats([])`` -> ``{"pending","inflight","deadLetters","alarmAt"}`` (§7.9)."""
