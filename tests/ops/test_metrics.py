@@ -6,7 +6,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from queueing.models import DeadLetter, Message
 from queueing.service import QueueCell
-from queueing.testing import Answer, HttpSink, VirtualClock, enqueue_request, tick
+from tests.queueing.support import Answer, HttpSink, VirtualClock, enqueue_request, tick
 
 pytestmark = pytest.mark.django_db(transaction=True)
 

@@ -10,7 +10,7 @@ import httpx
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from queueing.testing import HttpSink, enqueue_request
+from tests.queueing.support import HttpSink, enqueue_request
 from tests.e2e.fleet_processes import celery_fleet
 from tests.ops.support import fresh_database
 
