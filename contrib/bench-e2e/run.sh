@@ -62,6 +62,7 @@ log() { printf '[bench-e2e %s] %s\n' "$(date -u +%H:%M:%S)" "$*" >&2; }
 
 # --- cleanup: everything this script started, by pid ------------------------------------------
 PIDS=() PG_DATA=""
+declare -A NAMES
 cleanup() {
   local pid
   for pid in "${PIDS[@]}"; do kill -TERM -- "-$pid" 2>/dev/null || kill -TERM "$pid" 2>/dev/null || true; done
@@ -79,6 +80,14 @@ start() {
   setsid "$@" >"$RUN_DIR/$name.log" 2>&1 &
   LAST_PID=$!
   PIDS+=("$LAST_PID")
+  NAMES[$LAST_PID]=$name
+}
+all_alive() {  # every process this script started is still running (else: say which, return 1)
+  local pid dead=0
+  for pid in "${PIDS[@]}"; do
+    kill -0 "$pid" 2>/dev/null || { log "${NAMES[$pid]} (pid $pid) is gone; see $RUN_DIR/${NAMES[$pid]}.log"; dead=1; }
+  done
+  return $dead
 }
 wait_http() {  # wait_http URL NAME PID
   for _ in $(seq 600); do
@@ -151,6 +160,7 @@ case $WORLD in
     "$PG_BIN/createdb" -h 127.0.0.1 -p "$PG_PORT" -U postgres worldcell
     export DATABASE_URL=$PG_URL_BASE/worldcell WORLD_SECRET=$SECRET CELERY_BROKER_URL=$REDIS_URL \
            WORLDCELL_DATA_DIR=$RUN_DIR/data DJANGO_ALLOWED_HOSTS=127.0.0.1,localhost WORLDCELL_LOG_LEVEL=WARNING
+    mkdir -p "$RUN_DIR/data"
     "$PY" -c "import redis,sys; redis.Redis.from_url(sys.argv[1]).flushdb()" "$REDIS_URL"
     (cd "$REPO" && "$PY" manage.py migrate -v 0)
     cd "$REPO"
@@ -198,12 +208,19 @@ start app env "${APP_ENV[@]}" node .output/server/index.mjs
 APP_PID=$LAST_PID
 cd "$HERE"
 wait_http "http://127.0.0.1:$APP_PORT/bench/health" app "$APP_PID"
+sleep 1
+all_alive || exit 2
 log "$WORLD ready; uptime: $(uptime)"
 
 set +e
 python3 "$HERE/driver.py" --app "http://127.0.0.1:$APP_PORT" --runs "$RUNS" --inflight "$INFLIGHT" \
-  --warmup "$WARMUP" --label "$WORLD" --proc "app=$APP_PID" "${PROCS[@]}" --json "$JSON"
+  --warmup "$WARMUP" --label "$WORLD" --proc "app=$APP_PID" "${PROCS[@]}" --json "$JSON" &
+DRIVER_PID=$!
+PIDS+=("$DRIVER_PID"); NAMES[$DRIVER_PID]=driver
+wait "$DRIVER_PID"
 rc=$?
+unset 'PIDS[-1]'
 set -e
+all_alive || { log "a fleet or app process died during the run: the figures are not valid"; rc=1; }
 log "result JSON: $JSON; logs: $RUN_DIR"
 exit $rc
