@@ -18,6 +18,8 @@ Measures, over the measured runs only (``--warmup`` runs go first and are not co
                   other tenants of the machine, Redis, the kernel.
   commits         with ``--pg-url``: committed PostgreSQL transactions per run, from
                   pg_stat_database (the whole server, so give it a server only this World uses)
+  RPCs per run    the world-celld client's fleet RPCs by binding.method (the app counts them;
+                  empty for Worlds that make none)
   load            /proc/loadavg before and after
 
 Exit status: 0 = every measured run completed; 1 = some run failed, timed out or errored;
@@ -115,6 +117,18 @@ class Runner:
         self.host, self.port = parts.hostname, parts.port or 80
         self.timeout_s = timeout_s
 
+    def stats(self) -> dict:
+        """The app's /bench/stats document (``{}`` when it cannot be read)."""
+        try:
+            conn = http.client.HTTPConnection(self.host, self.port, timeout=10)
+            conn.request("GET", "/bench/stats")
+            resp = conn.getresponse()
+            body = resp.read()
+            conn.close()
+            return json.loads(body) if resp.status == 200 else {}
+        except (OSError, ValueError, http.client.HTTPException):
+            return {}
+
     def run_many(self, seeds: list[int], inflight: int) -> tuple[list[dict], float, float]:
         """Runs every seed with at most ``inflight`` at once; returns (results, t_first, t_last)."""
         lock = threading.Lock()
@@ -207,6 +221,7 @@ def main(argv: list[str] | None = None) -> int:
         time.sleep(1.5)
         commits0 = pg_commits(args.pg_url)
     load_before = loadavg()
+    stats0 = runner.stats()
     table0 = proc_table()
     busy0 = machine_busy_ticks()
     self0 = os.times()
@@ -220,6 +235,7 @@ def main(argv: list[str] | None = None) -> int:
     self1 = os.times()
     after = {n: sum(tree_ticks(table1, p) for m, p in procs if m == n) for n in names}
     load_after = loadavg()
+    stats1 = runner.stats()
     commits1 = None
     if args.pg_url:
         time.sleep(1.5)
@@ -235,6 +251,9 @@ def main(argv: list[str] | None = None) -> int:
     driver_ms = ((self1.user + self1.system) - (self0.user + self0.system)) * 1000 / n_ok
     machine_ms = (busy1 - busy0) * 1000 / CLK_TCK / n_ok
     other_ms = machine_ms - sum(cpu_ms.values()) - driver_ms
+    rpcs0, rpcs1 = stats0.get("rpcs", {}), stats1.get("rpcs", {})
+    rpcs = {k: round((rpcs1.get(k, 0) - rpcs0.get(k, 0)) / n_ok, 1) for k in sorted(rpcs1)}
+    rpcs = {k: v for k, v in sorted(rpcs.items(), key=lambda kv: -kv[1]) if v}
     doc = {
         "label": args.label or health.get("world"),
         "world": health.get("world"),
@@ -252,6 +271,9 @@ def main(argv: list[str] | None = None) -> int:
                            "machine": round(machine_ms, 1)},
         "pg_commits_per_run": (round((commits1 - commits0) / n_ok, 1)
                                if commits0 is not None and commits1 is not None else None),
+        "rpcs_per_run": rpcs,
+        "rpcs_per_run_total": round(sum(rpcs.values()), 1),
+        "rpc_failures": (stats1.get("failed", 0) - stats0.get("failed", 0)) if stats1 else None,
         "load_before": load_before, "load_after": load_after,
         "machine_cpus": os.cpu_count(),
         "time_utc": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
@@ -273,6 +295,9 @@ def print_table(doc: dict) -> None:
     print("  CPU ms per run: " + "  ".join(f"{k} {v}" for k, v in doc["cpu_ms_per_run"].items()))
     if doc["pg_commits_per_run"] is not None:
         print(f"  PostgreSQL commits per run: {doc['pg_commits_per_run']}")
+    if doc["rpcs_per_run"]:
+        print(f"  fleet RPCs per run: {doc['rpcs_per_run_total']} ("
+              + ", ".join(f"{k} {v}" for k, v in doc["rpcs_per_run"].items()) + ")")
     print(f"  load before {doc['load_before']}   after {doc['load_after']}")
     for f in doc["failures"][:3]:
         print(f"  failed: {f}")

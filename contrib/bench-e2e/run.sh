@@ -89,8 +89,9 @@ all_alive() {  # every process this script started is still running (else: say w
   done
   return $dead
 }
-wait_http() {  # wait_http URL NAME PID
-  for _ in $(seq 600); do
+wait_http() {  # wait_http URL NAME PID: up to 120 s
+  local deadline=$((SECONDS + 120))
+  while ((SECONDS < deadline)); do
     curl -fsS -m 2 -o /dev/null "$1" 2>/dev/null && return 0
     kill -0 "$3" 2>/dev/null || { log "$2 exited; its log:"; tail -30 "$RUN_DIR/$2.log" >&2; exit 2; }
     sleep 0.2

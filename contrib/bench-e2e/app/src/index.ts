@@ -2,6 +2,9 @@
  * The benchmark app's routes.
  *
  *   GET  /bench/health        -> {"world": "<WORKFLOW_TARGET_WORLD>"} once the World has started
+ *   GET  /bench/stats         -> {"rpcs": {"<binding>.<method>": count}, "failed": count}: the
+ *                                world-celld client's fleet RPCs since start (empty for the
+ *                                Worlds that make none)
  *   POST /bench/run?seed=N    -> starts benchFlow(N) and answers when the World has acknowledged
  *                                the run's terminal event:
  *                                {"runId", "status": "completed"|"failed"|"cancelled"|"timeout",
@@ -12,6 +15,7 @@ import { Hono } from 'hono';
 import { start } from 'workflow/api';
 import { benchFlow } from '../workflows/bench.js';
 import { waitForTerminal, worldReady } from './completions.js';
+import { rpcCounts } from './rpc-counts.js';
 
 const RUN_TIMEOUT_MS = Number(process.env.BENCH_RUN_TIMEOUT_MS ?? 180_000);
 
@@ -20,6 +24,7 @@ const app = new Hono()
     await worldReady;
     return c.json({ world: process.env.WORKFLOW_TARGET_WORLD ?? 'local' });
   })
+  .get('/bench/stats', (c) => c.json(rpcCounts()))
   .post('/bench/run', async (c) => {
     const seed = Number(c.req.query('seed') ?? 0);
     const t0 = Date.now();
