@@ -16,7 +16,9 @@
 # Everything listens on 127.0.0.1 only. Environment:
 #   BENCH_WORK       scratch directory (app install, clusters, logs); default /tmp/worldcell-bench-e2e
 #   BENCH_PORT_BASE  first port of a block of 40; default 18800 (app +1, fleet +10, PostgreSQL +32)
-#   BENCH_REDIS_URL  Celery broker for worldcell-pg; default redis://127.0.0.1:6379/12 (flushed!)
+#   BENCH_REDIS_URL  Celery broker for worldcell-pg; default: a private redis-server started on
+#                    port base + 33 (so no other Celery app shares the broker; its CPU is counted)
+#   BENCH_KEEP=1     keep the PostgreSQL cluster's data directory after the run (logs are kept)
 #   BENCH_PYTHON     Python with this checkout installed; default <checkout>/.venv/bin/python,
 #                    created with `pip install -e .` when missing
 # Output: the driver's table on stdout, its JSON in --json (default
@@ -52,7 +54,8 @@ esac
 WORK=${BENCH_WORK:-/tmp/worldcell-bench-e2e}
 PORT_BASE=${BENCH_PORT_BASE:-18800}
 APP_PORT=$((PORT_BASE + 1)) FLEET_PORT=$((PORT_BASE + 10)) PG_PORT=$((PORT_BASE + 32))
-REDIS_URL=${BENCH_REDIS_URL:-redis://127.0.0.1:6379/12}
+REDIS_PORT=$((PORT_BASE + 33))
+REDIS_URL=${BENCH_REDIS_URL:-}
 STAMP=$(date -u +%Y%m%dT%H%M%SZ)
 RUN_DIR=$WORK/runs/$WORLD-$STAMP
 JSON=${JSON:-$REPO/bench-results/e2e-$WORLD-$STAMP.json}
@@ -71,6 +74,7 @@ cleanup() {
     kill -KILL -- "-$pid" 2>/dev/null || kill -KILL "$pid" 2>/dev/null || true
   done
   if [[ -n $PG_DATA && -f $PG_DATA/postmaster.pid ]]; then pg_as "$PG_BIN/pg_ctl" -D "$PG_DATA" -m fast -w stop >/dev/null 2>&1 || true; fi
+  if [[ -n $PG_DATA && ${BENCH_KEEP:-0} != 1 ]]; then rm -rf "$PG_DATA"; fi
 }
 trap cleanup EXIT
 trap 'exit 130' INT TERM
@@ -162,6 +166,13 @@ case $WORLD in
     export DATABASE_URL=$PG_URL_BASE/worldcell WORLD_SECRET=$SECRET CELERY_BROKER_URL=$REDIS_URL \
            WORLDCELL_DATA_DIR=$RUN_DIR/data DJANGO_ALLOWED_HOSTS=127.0.0.1,localhost WORLDCELL_LOG_LEVEL=WARNING
     mkdir -p "$RUN_DIR/data"
+    if [[ -z $REDIS_URL ]]; then
+      start redis redis-server --port "$REDIS_PORT" --bind 127.0.0.1 --save "" --appendonly no
+      PROCS+=(--proc "redis=$LAST_PID")
+      REDIS_URL=redis://127.0.0.1:$REDIS_PORT/0
+      for _ in $(seq 50); do redis-cli -p "$REDIS_PORT" ping >/dev/null 2>&1 && break; sleep 0.1; done
+    fi
+    export CELERY_BROKER_URL=$REDIS_URL
     "$PY" -c "import redis,sys; redis.Redis.from_url(sys.argv[1]).flushdb()" "$REDIS_URL"
     (cd "$REPO" && "$PY" manage.py migrate -v 0)
     cd "$REPO"
