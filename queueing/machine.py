@@ -66,7 +66,7 @@ from django.db.models import Q
 
 from worldcell import clock, codec
 
-from . import config, wake
+from . import config, lease, wake
 from .combining import Combiner
 from .models import DeadLetter, Message, QueueCell
 
@@ -775,8 +775,9 @@ def claim_due_messages(
     1. claims whose deadline is ``≤ now`` are lost: their messages become due at ``now``;
     2. if fewer than ``QUEUE_MAX_INFLIGHT`` remain in flight, the earliest due
        messages (``due_at ≤ now``, by due time then message id) are claimed up
-       to the free slots: deadline ``now + QUEUE_DELIVERY_TIMEOUT_MS + 30 000``,
-       a fresh claim token — never more than ``limit`` when given (a driver
+       to the free slots: a claim lease, deadline ``lease.first_deadline(now)``
+       (docs/leases.md; §7.4 says ``now + timeout + 30 000``), a fresh claim
+       token — never more than ``limit`` when given (a driver
        with that many idle delivery threads; what is left stays due);
     3. ``scheduleNextAlarm(now)`` — computed from what steps 1–2 read: the
        schedule query fetches one row beyond the free slots, which is the
@@ -802,7 +803,7 @@ def claim_due_messages(
     claims: list[Claim] = []
     if take:
         token = uuid.uuid4().hex
-        deadline = clamp_ms(now + config.delivery_timeout_ms() + config.INFLIGHT_GRACE_MS)
+        deadline = lease.first_deadline(now)  # a claim lease (docs/leases.md)
         begun, rest = take[:start], take[start:]
         if begun:
             ids = [pk for pk, _, _ in begun]
@@ -964,15 +965,15 @@ def start_delivery(claim: Claim, now: int | None = None) -> DeliveryRow | None:
     already recovered. Records ``last_attempt_at`` and counts the POST in
     ``deliveries``.
 
-    The claim's deadline restarts here: ``now + QUEUE_DELIVERY_TIMEOUT_MS +
-    30 000``. Time a claim spends waiting for a delivery thread (a busy
-    Celery pool, the broker) therefore never eats into the time its POST may
-    take, so a slow but timely answer is not raced by a redelivery. The
+    The claim's lease restarts here (``lease.first_deadline(now)``; the
+    delivering process renews it while the POST runs, docs/leases.md). Time
+    a claim spends waiting for a delivery thread (a busy Celery pool, the
+    broker) therefore never eats into the time its POST may take. The
     cell's alarm may still name the claim-time deadline; firing then finds
     nothing lost and moves the alarm to the new one.
     """
     now = clock.now_ms() if now is None else now
-    deadline = clamp_ms(now + config.delivery_timeout_ms() + config.INFLIGHT_GRACE_MS)
+    deadline = lease.first_deadline(now)  # a claim lease (docs/leases.md)
     rows = _rows(_START, [now, now, now, deadline, claim.message_pk, claim.token, now])
     return _delivery_row(rows[0]) if rows else None
 
@@ -1281,7 +1282,7 @@ def _outcomes_in_one_trip(cell_id: int, requests: list[OutcomeRequest]) -> list[
     """
     now = clock.now_ms()
     token = uuid.uuid4().hex
-    deadline = clamp_ms(now + config.delivery_timeout_ms() + config.INFLIGHT_GRACE_MS)
+    deadline = lease.first_deadline(now)  # a claim lease (docs/leases.md)
     caps = [None if r.claim_next is True else int(r.claim_next) for r in requests]
     max_inflight = config.max_inflight()
     acks = [r for r in requests if r.kind in ("ack", "drop")]
