@@ -120,11 +120,12 @@ def broker():
     from worldcell.celery import app
 
     redis.Redis.from_url(BROKER).flushdb()
-    old = app.conf.broker_url
-    app.conf.broker_url = BROKER
+    # celery 5.6 resolves broker_write_url from broker_url once: set both
+    old = app.conf.broker_url, app.conf.broker_write_url
+    app.conf.broker_url = app.conf.broker_write_url = BROKER
     app._pool = None
     yield app
-    app.conf.broker_url = old
+    app.conf.broker_url, app.conf.broker_write_url = old
     app._pool = None
 
 
@@ -242,13 +243,22 @@ def test_it_delivers_every_message_from_32_concurrent_enqueuers_on_2_shards(sink
     assert sum(QueueService(f"q:{s}").stats()["inflight"] for s in (0, 1)) == 0
 
 
-def test_it_delivers_a_delay_longer_than_the_visibility_timeout_exactly_once(sink, worker, tmp_path):
-    # a second real worker whose broker visibility timeout (1 s) is shorter than the delay (4 s):
-    # Redis hands the countdown wake-up out again while it waits; the database decides
+def test_it_delivers_a_delay_longer_than_the_visibility_timeout_exactly_once(sink, worker, tmp_path, broker):
+    # a second real worker whose broker visibility timeout (1 s) is shorter than the delay (4 s).
+    # The timed wake-up is an immediate task (queueing.wake "No ETA tasks"): no worker holds it
+    # unacked while the delay runs, so Redis has nothing to hand out again; the database decides
+    import redis
+
     extra = start_worker(tmp_path, "short-visibility", visibility_timeout=1)
+    unacked: list[int] = []
     try:
         t0 = time.time()
         enqueue("q:0", messageId="msg_late", delaySeconds=4, target=sink.url)
+        r = redis.Redis.from_url(BROKER)
+        time.sleep(0.5)
+        while time.time() - t0 < 3.5:
+            unacked.append(r.hlen("unacked"))
+            time.sleep(0.1)
         assert sink.wait_for(1, 15)
         time.sleep(3)
         assert sink.count() == 1
@@ -257,7 +267,9 @@ def test_it_delivers_a_delay_longer_than_the_visibility_timeout_exactly_once(sin
     finally:
         extra.stop()
     receipts = re.findall(r"Task queueing\.tasks\.wake_cell\[([0-9a-f-]+)\] received", extra.text() + worker.text())
-    assert max(Counter(receipts).values()) >= 2, "the wake-up was never handed out twice"
+    assert receipts, "no wake-up was sent"
+    assert max(Counter(receipts).values()) == 1, "a wake-up was handed out twice"
+    assert max(unacked) == 0, "a worker held an unacknowledged wake-up while the delay ran"
 
 
 def test_it_redelivers_a_claim_whose_delivery_task_was_lost_once_its_deadline_passes(sink, worker, tmp_path):
