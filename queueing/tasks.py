@@ -27,8 +27,8 @@ claims it delivers (docs/leases.md); a claim it holds when the worker dies is
 recovered once its lease lapses (``QUEUE_CLAIM_LEASE_MS``, 10 s), like any
 lost claim.
 
-**Broker outages.** The pump ticks on its own every
-``WORKER_PUMP_INTERVAL_S`` and needs only the database, so a worker keeps
+**Broker outages.** The pump ticks on its own every ``QUEUE_WORKER_TICK_MS``
+(default 1000) and needs only the database, so a worker keeps
 delivering — and delivers what API processes enqueue meanwhile within about a
 second — while the broker is down; Celery reconnects forever
 (``CELERY_BROKER_CONNECTION_MAX_RETRIES = None``) and the worker holds no
@@ -52,7 +52,7 @@ from celery.signals import worker_shutting_down
 from django.conf import settings
 from django.db import close_old_connections
 
-from . import delivery, wake
+from . import config, delivery, wake
 from .machine import Claim
 from .pump import LocalPump
 
@@ -60,7 +60,7 @@ log = logging.getLogger("queueing.tasks")
 
 __all__ = ["deliver_message", "fire_due_alarms", "send_deliveries", "wake_cell", "worker_pump"]
 
-#: Seconds between the worker pump's own ticks (wake-ups and beat poke it in between).
+#: Default seconds between the worker pump's own ticks (``QUEUE_WORKER_TICK_MS``).
 WORKER_PUMP_INTERVAL_S = 1.0
 #: On a warm shutdown, how long the pump may finish deliveries in progress.
 WORKER_PUMP_DRAIN_S = 10.0
@@ -77,7 +77,8 @@ def worker_pump() -> LocalPump:
         with _pump_lock:
             if _pump is None or _pump_pid != os.getpid():
                 threads = int(getattr(settings, "QUEUE_WORKER_DELIVERY_THREADS", 16) or 16)
-                _pump = LocalPump(interval_s=WORKER_PUMP_INTERVAL_S, max_workers=threads, log_deliveries=True)
+                interval_s = config.positive_int_setting("QUEUE_WORKER_TICK_MS", int(WORKER_PUMP_INTERVAL_S * 1000)) / 1000
+                _pump = LocalPump(interval_s=interval_s, max_workers=threads, log_deliveries=True)
                 _pump.start()
                 _pump_pid = os.getpid()
     return _pump

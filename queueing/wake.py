@@ -21,9 +21,10 @@ tick at ``at_ms`` and acks it at once. A Celery ``countdown`` would instead sit
 unacknowledged in the worker until it is due — tasks that Redis hands out
 again after its visibility timeout, that a broker restart loses, and that made
 Celery 5.7.0 workers exit on broker loss (docs/operations-faults.md). A lost
-timed wake costs at most one beat second. Sends never retry (``retry=False``):
-with the broker down an enqueue answers at once and the worker's own pump
-(and beat, once the broker is back) fires the cell.
+timed wake costs at most one beat second. Sends go through
+``queueing.outbox`` (one sender thread, never retried): with the broker down
+an enqueue answers at once and the worker's own pump (and beat, once the
+broker is back) fires the cell.
 * ``register_pump`` / ``current_pump`` — the process's ``LocalPump``, if any.
 """
 from __future__ import annotations
@@ -54,8 +55,6 @@ __all__ = [
 #: Work due within this many ms gets a timed wake-up (``wake_cell(name, at_ms)``);
 #: later work is left to beat and the pumps' interval ticks.
 COUNTDOWN_WAKE_MAX_MS = 60_000
-#: An immediate wake-up task older than this is useless (beat has run since).
-_WAKE_EXPIRES_S = 30.0
 
 
 class Pump(Protocol):
@@ -113,7 +112,7 @@ def wake_cell(name: str, at_ms: int | None = None, now: int | None = None) -> No
 
 
 def _send_celery_wake(name: str, delay_ms: int, now: int) -> None:
-    from .tasks import wake_cell as wake_task
+    from .outbox import outbox
 
     at: int | None = None
     if delay_ms > config.MIN_ALARM_DELAY_MS:
@@ -126,13 +125,8 @@ def _send_celery_wake(name: str, delay_ms: int, now: int) -> None:
             if len(_scheduled) > 10_000:
                 for key in [k for k, v in _scheduled.items() if v <= now]:
                     del _scheduled[key]
-    try:
-        # run at once (no countdown: the worker holds no unacked ETA task), never retried
-        wake_task.apply_async((name, at), expires=_WAKE_EXPIRES_S, retry=False)
-    except Exception as exc:  # noqa: BLE001 - e.g. the broker is down: beat and the worker's pump fire it
-        if at is not None:
-            forget_scheduled(name)
-        log.warning("queue cell %s: could not send a wake-up (%s); the worker's next tick fires it", name, exc)
+    # run at once (no countdown: the worker holds no unacked ETA task), sent off the request path
+    outbox().put(name, at)
 
 
 def forget_scheduled(name: str) -> None:

@@ -184,7 +184,7 @@ def test_it_delivers_through_the_worker_right_after_commit_without_beat(rpc, sin
 def test_it_retries_with_backoff_and_dead_letters_then_redrives_through_the_worker(rpc, sink, worker):
     sink.answer(Answer(500))
     enqueue("q:0", messageId="msg_dead", idempotencyKey="k", target=sink.url)
-    # countdown wake-ups drive the 2 s and 4 s backoffs (no beat runs here)
+    # the worker's pump times the 2 s and 4 s backoffs itself (no beat runs here)
     wait_until(lambda: DeadLetter.objects.exists(), 20, "the dead letter")
     assert [r.attempt for r in sink.requests] == ["1", "2", "3"]
     gaps = [b.at - a.at for a, b in zip(sink.requests, sink.requests[1:])]
@@ -295,7 +295,7 @@ def test_it_redelivers_a_claim_whose_delivery_task_was_lost_once_its_deadline_pa
 def test_it_delivers_after_rearm_alarms_when_the_alarm_was_cleared_by_hand(sink, worker, capsys):
     enqueue("q:0", messageId="msg_rearm", target=sink.url, delaySeconds=0.5)
     QueueCell.objects.update(alarm_at=None)
-    time.sleep(1.5)  # its countdown wake-up found no alarm: nothing delivered
+    time.sleep(1.5)  # its timed wake-up found no alarm: nothing delivered
     assert sink.count() == 0
     call_command("rearm_alarms")
     out = capsys.readouterr().out

@@ -29,6 +29,9 @@ QUEUE_DELIVERY_TIMEOUT_MS = env.str("QUEUE_DELIVERY_TIMEOUT_MS", default="300000
 # A claim's lease: the delivering process renews it while the POST runs, so a
 # dead worker's messages are due again within this many ms (docs/leases.md).
 QUEUE_CLAIM_LEASE_MS = env.str("QUEUE_CLAIM_LEASE_MS", default="10000")
+# A Celery worker's pump fires every due cell this often on its own, broker or
+# not (wake-ups and beat poke it in between); queueing.tasks.
+QUEUE_WORKER_TICK_MS = env.str("QUEUE_WORKER_TICK_MS", default="1000")
 
 # --- Applications ---------------------------------------------------------
 INSTALLED_APPS = [
