@@ -2,7 +2,7 @@
 through a real fleet over HTTP (issue #6).
 
 On SQLite the fleet is ``manage.py devfleet`` (waitress + in-process pump); on
-PostgreSQL it is gunicorn + a Celery worker (threads pool) + Celery beat over
+PostgreSQL it is the README's API server (waitress) + a Celery worker (threads pool) + Celery beat over
 Redis. Each test gets a brand-new database that the fleet migrates itself.
 """
 from __future__ import annotations
@@ -10,13 +10,11 @@ from __future__ import annotations
 import contextlib
 import os
 import time
-import uuid
 
-import psycopg
 import pytest
 from django.conf import settings
 
-from tests.e2e.fleet_processes import celery_fleet, dev_fleet
+from tests.e2e.fleet_processes import celery_fleet, dev_fleet, fresh_database
 from tests.e2e.order_runtime import OrderRuntime
 
 pytestmark = pytest.mark.slow
@@ -27,22 +25,15 @@ SHARDS = 2
 @contextlib.contextmanager
 def fresh_fleet(tmp_path):
     db = settings.DATABASES["default"]
-    if db["ENGINE"].endswith("postgresql"):
-        name = f"worldcell_e2e_{uuid.uuid4().hex[:8]}"
-        admin = f"host={db['HOST'] or '127.0.0.1'} port={db['PORT'] or 5432} user={db['USER'] or 'postgres'} dbname=postgres"
-        with psycopg.connect(admin, autocommit=True) as conn:
-            conn.execute(f'CREATE DATABASE "{name}"')
-        url = f"postgres://{db['USER'] or 'postgres'}@{db['HOST'] or '127.0.0.1'}:{db['PORT'] or 5432}/{name}"
-        try:
-            with celery_fleet(url, tmp_path, tmp_path, broker_url=f"redis://127.0.0.1:6379/{int(os.environ.get('TEST_REDIS_DB_BASE', '5')) + 1}") as (fleet_url, secret, _):
+    postgres = db if db["ENGINE"].endswith("postgresql") else None
+    with fresh_database(tmp_path, postgres) as url:
+        if postgres:
+            broker = f"redis://127.0.0.1:6379/{int(os.environ.get('TEST_REDIS_DB_BASE', '5')) + 1}"
+            with celery_fleet(url, tmp_path, tmp_path, broker_url=broker) as (fleet_url, secret, _):
                 yield fleet_url, secret
-        finally:
-            with psycopg.connect(admin, autocommit=True) as conn:
-                conn.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
-    else:
-        url = f"sqlite:///{tmp_path / 'fleet.sqlite3'}"
-        with dev_fleet(url, tmp_path, tmp_path / "devfleet.log") as (fleet_url, secret, _):
-            yield fleet_url, secret
+        else:
+            with dev_fleet(url, tmp_path, tmp_path / "devfleet.log") as (fleet_url, secret, _):
+                yield fleet_url, secret
 
 
 def wait_for(predicate, timeout_s: float, what: str):

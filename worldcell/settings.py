@@ -35,7 +35,7 @@ QUEUE_WORKER_TICK_MS = env.str("QUEUE_WORKER_TICK_MS", default="1000")
 
 # --- Applications ---------------------------------------------------------
 INSTALLED_APPS = [
-    "django.contrib.admin",
+    "worldcell.apps.ConsoleAdminConfig",  # django.contrib.admin with the console's AdminSite
     "django.contrib.auth",
     "django.contrib.contenttypes",
     "django.contrib.sessions",
