@@ -12,7 +12,7 @@ import pytest
 
 from queueing.testing import Answer, HttpSink, enqueue_request
 from tests.e2e.fleet_processes import dev_fleet
-from worldcell.client import WorldClient
+from worldcell_client import WorldClient
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(120)]
 
