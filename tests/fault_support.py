@@ -9,6 +9,7 @@
 * ``fleet_database_url(application_name)`` — the pytest-django test database as
   a ``DATABASE_URL`` (the fleet's backends carry ``application_name``, so a
   test can terminate exactly those).
+* ``use_broker(url)`` — point this process's Celery app (its wake-up sends) at ``url``.
 * ``Ledger`` — a sink script that records every POST and success per message id.
 
 Only loopback, only ports the caller passes (parallel test sessions pick
@@ -37,6 +38,25 @@ ROOT = Path(__file__).resolve().parents[1]
 BIN = Path(sys.executable).parent
 #: parallel test sessions on one machine set this to keep their private servers apart
 PORT_BASE = int(os.environ.get("TEST_FAULT_PORT_BASE", "18610"))
+
+
+def use_broker(url: str) -> Callable[[], None]:
+    """Point this process's Celery app at broker ``url`` (sends included); returns the undo.
+
+    Celery resolves ``broker_write_url`` from ``broker_url`` once and caches its
+    connection and producer pools, so all of them are reset.
+    """
+    from worldcell.celery import app
+
+    old = app.conf.broker_url, app.conf.broker_write_url
+
+    def point(broker_url: str, write_url: str) -> None:
+        app.conf.broker_url, app.conf.broker_write_url = broker_url, write_url
+        app._pool = None
+        app.amqp._producer_pool = None
+
+    point(url, url)
+    return lambda: point(*old)
 
 
 def redis_available() -> bool:

@@ -27,6 +27,7 @@ from django.db import connection
 from queueing.models import DeadLetter, Message, QueueCell
 from queueing.service import QueueCell as QueueService
 from queueing.testing import Answer, HttpSink, enqueue_request
+from tests.fault_support import use_broker
 
 pytestmark = [pytest.mark.celery, pytest.mark.postgres_only, pytest.mark.django_db(transaction=True)]
 
@@ -120,13 +121,9 @@ def broker():
     from worldcell.celery import app
 
     redis.Redis.from_url(BROKER).flushdb()
-    # celery 5.6 resolves broker_write_url from broker_url once: set both
-    old = app.conf.broker_url, app.conf.broker_write_url
-    app.conf.broker_url = app.conf.broker_write_url = BROKER
-    app._pool = None
+    undo = use_broker(BROKER)  # also resets the cached write URL and producer pool
     yield app
-    app.conf.broker_url, app.conf.broker_write_url = old
-    app._pool = None
+    undo()
 
 
 @pytest.fixture(scope="module")

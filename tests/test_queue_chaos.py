@@ -35,6 +35,7 @@ from tests.fault_support import (
     fleet_env,
     port_is_free,
     redis_available,
+    use_broker,
     wait_until,
 )
 
@@ -64,14 +65,10 @@ def terminate_fleet_backends() -> int:
 
 
 def test_every_accepted_message_is_delivered_through_kills_broker_restarts_and_cut_db_connections(tmp_path, settings):
-    from worldcell.celery import app
-
     started = time.monotonic()
     port = next(p for p in range(PORT_BASE + 10, PORT_BASE + 20) if port_is_free(p))
     broker = RedisServer(port, tmp_path / "redis.log").start()
-    old_urls = app.conf.broker_url, app.conf.broker_write_url
-    app.conf.broker_url = app.conf.broker_write_url = broker.url
-    app._pool = None
+    undo_broker = use_broker(broker.url)
     settings.WORLDCELL_USE_CELERY = True
     rng = random.Random(5)
 
@@ -178,5 +175,4 @@ def test_every_accepted_message_is_delivered_through_kills_broker_restarts_and_c
             beat.stop()
         sink.close()
         broker.stop()
-        app.conf.broker_url, app.conf.broker_write_url = old_urls
-        app._pool = None
+        undo_broker()

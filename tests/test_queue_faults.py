@@ -28,6 +28,7 @@ from tests.fault_support import (
     fleet_env,
     port_is_free,
     redis_available,
+    use_broker,
     wait_until,
 )
 
@@ -44,16 +45,11 @@ pytestmark = [
 @pytest.fixture
 def broker(tmp_path):
     """A private redis-server, and this process's Celery app pointed at it."""
-    from worldcell.celery import app
-
     port = next(p for p in range(PORT_BASE, PORT_BASE + 10) if port_is_free(p))
     server = RedisServer(port, tmp_path / "redis.log").start()
-    old = app.conf.broker_url, app.conf.broker_write_url
-    app.conf.broker_url = app.conf.broker_write_url = server.url
-    app._pool = None
+    undo = use_broker(server.url)
     yield server
-    app.conf.broker_url, app.conf.broker_write_url = old
-    app._pool = None
+    undo()
     server.stop()
 
 
