@@ -13,10 +13,12 @@ After a failed publish the sender drops what is queued and what arrives for
 ``BROKER_DOWN_PAUSE_S``, then tries again, so an outage costs one blocked
 publish per pause, not one per enqueue.
 
-Interface::
+Interface (``publish(name, at_ms)`` sends one task; the Celery driver
+passes its own, ``queueing.tasks.publish_wake``)::
 
-    outbox().put("q:0", at_ms=None)   # never blocks, never raises
-    outbox().flush(timeout_s)         # tests: wait until the queue is empty
+    box = outbox(publish)
+    box.put("q:0", at_ms=None)   # never blocks, never raises
+    box.flush(timeout_s)         # tests: wait until the queue is empty
 """
 from __future__ import annotations
 
@@ -25,23 +27,26 @@ import os
 import queue
 import threading
 import time
+from typing import Callable
 
 log = logging.getLogger("queueing.outbox")
 
-__all__ = ["BROKER_DOWN_PAUSE_S", "MAX_QUEUED", "WakeOutbox", "outbox"]
+__all__ = ["BROKER_DOWN_PAUSE_S", "MAX_QUEUED", "Publish", "WakeOutbox", "outbox"]
+
+#: ``publish(cell_name, at_ms)``: send one wake-up task; raises when the broker is unreachable.
+Publish = Callable[[str, "int | None"], None]
 
 #: Wake-ups queued at most; more are dropped (the next tick covers them).
 MAX_QUEUED = 10_000
 #: After a failed publish, wake-ups are dropped for this long before the next try.
 BROKER_DOWN_PAUSE_S = 1.0
-#: An immediate wake-up task older than this is useless (beat has run since).
-WAKE_EXPIRES_S = 30.0
 
 
 class WakeOutbox:
-    """One sender thread publishing ``wake_cell(name, at_ms)`` tasks from a bounded queue."""
+    """One sender thread publishing wake-ups (``publish(name, at_ms)``) from a bounded queue."""
 
-    def __init__(self) -> None:
+    def __init__(self, publish: Publish) -> None:
+        self._publish = publish
         self._q: queue.Queue[tuple[str, int | None]] = queue.Queue(MAX_QUEUED)
         self._down_until = 0.0
         self._thread = threading.Thread(target=self._run, name="queue-wake-outbox", daemon=True)
@@ -76,15 +81,13 @@ class WakeOutbox:
         return True
 
     def _run(self) -> None:
-        from .tasks import wake_cell as wake_task
-
         while True:
             name, at_ms = self._q.get()
             try:
                 if time.monotonic() < self._down_until:
                     self._drop(name, at_ms)
                     continue
-                wake_task.apply_async((name, at_ms), expires=WAKE_EXPIRES_S, retry=False)
+                self._publish(name, at_ms)
                 self.sent += 1
             except Exception as exc:  # noqa: BLE001 - the broker is down: the ticks fire the cells
                 self._down_until = time.monotonic() + BROKER_DOWN_PAUSE_S
@@ -114,12 +117,12 @@ _outbox_pid: int | None = None
 _outbox_lock = threading.Lock()
 
 
-def outbox() -> WakeOutbox:
-    """This process's outbox, started on first use (and again in a forked child)."""
+def outbox(publish: Publish) -> WakeOutbox:
+    """This process's outbox sending with ``publish``, started on first use (and again in a forked child)."""
     global _outbox, _outbox_pid
     if _outbox is None or _outbox_pid != os.getpid():
         with _outbox_lock:
             if _outbox is None or _outbox_pid != os.getpid():
-                _outbox = WakeOutbox()
+                _outbox = WakeOutbox(publish)
                 _outbox_pid = os.getpid()
     return _outbox

@@ -54,11 +54,14 @@ from django.db import close_old_connections
 
 from . import config, delivery, wake
 from .machine import Claim
+from .outbox import outbox
 from .pump import LocalPump
 
 log = logging.getLogger("queueing.tasks")
 
-__all__ = ["deliver_message", "fire_due_alarms", "send_deliveries", "wake_cell", "worker_pump"]
+__all__ = [
+    "deliver_message", "fire_due_alarms", "publish_wake", "send_deliveries", "send_wake", "wake_cell", "worker_pump",
+]
 
 #: Default seconds between the worker pump's own ticks (``QUEUE_WORKER_TICK_MS``).
 WORKER_PUMP_INTERVAL_S = 1.0
@@ -127,6 +130,20 @@ def wake_cell(cell_name: str, at_ms: int | None = None) -> int:
     wake.forget_scheduled(cell_name)
     worker_pump().wake(cell_name, None if at_ms is None else int(at_ms))
     return 0
+
+
+#: An immediate wake-up task older than this is useless (beat has run since).
+WAKE_EXPIRES_S = 30.0
+
+
+def publish_wake(cell_name: str, at_ms: int | None) -> None:
+    """Send one ``wake_cell(cell_name, at_ms)`` task for immediate execution, never retried (raises if the broker is down)."""
+    wake_cell.apply_async((cell_name, at_ms), expires=WAKE_EXPIRES_S, retry=False)
+
+
+def send_wake(cell_name: str, at_ms: int | None) -> None:
+    """Queue a wake-up for this process's sender thread (``queueing.outbox``); never blocks, never raises."""
+    outbox(publish_wake).put(cell_name, at_ms)
 
 
 #: Deliveries one ``deliver_message`` task makes in a row while it keeps refilling its own slot.

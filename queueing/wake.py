@@ -112,7 +112,7 @@ def wake_cell(name: str, at_ms: int | None = None, now: int | None = None) -> No
 
 
 def _send_celery_wake(name: str, delay_ms: int, now: int) -> None:
-    from .outbox import outbox
+    from .tasks import send_wake
 
     at: int | None = None
     if delay_ms > config.MIN_ALARM_DELAY_MS:
@@ -126,7 +126,7 @@ def _send_celery_wake(name: str, delay_ms: int, now: int) -> None:
                 for key in [k for k, v in _scheduled.items() if v <= now]:
                     del _scheduled[key]
     # run at once (no countdown: the worker holds no unacked ETA task), sent off the request path
-    outbox().put(name, at)
+    send_wake(name, at)
 
 
 def forget_scheduled(name: str) -> None:
