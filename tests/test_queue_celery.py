@@ -7,6 +7,7 @@ Enqueues from this process wake the cell through Celery on commit.
 """
 from __future__ import annotations
 
+import json
 import os
 import random
 import re
@@ -247,14 +248,15 @@ def test_it_delivers_a_delay_longer_than_the_visibility_timeout_exactly_once(sin
     import redis
 
     extra = start_worker(tmp_path, "short-visibility", visibility_timeout=1)
-    unacked: list[int] = []
+    held_etas: list = []
     try:
         t0 = time.time()
         enqueue("q:0", messageId="msg_late", delaySeconds=4, target=sink.url)
         r = redis.Redis.from_url(BROKER)
         time.sleep(0.5)
         while time.time() - t0 < 3.5:
-            unacked.append(r.hlen("unacked"))
+            for raw in r.hgetall("unacked").values():
+                held_etas.append(json.loads(raw)[0]["headers"].get("eta"))
             time.sleep(0.1)
         assert sink.wait_for(1, 15)
         time.sleep(3)
@@ -266,7 +268,8 @@ def test_it_delivers_a_delay_longer_than_the_visibility_timeout_exactly_once(sin
     receipts = re.findall(r"Task queueing\.tasks\.wake_cell\[([0-9a-f-]+)\] received", extra.text() + worker.text())
     assert receipts, "no wake-up was sent"
     assert max(Counter(receipts).values()) == 1, "a wake-up was handed out twice"
-    assert max(unacked) == 0, "a worker held an unacknowledged wake-up while the delay ran"
+    # a prefetched immediate wake-up may sit unacknowledged briefly, but none carries an ETA
+    assert all(eta is None for eta in held_etas), held_etas
 
 
 def test_it_redelivers_a_claim_whose_delivery_task_was_lost_once_its_deadline_passes(sink, worker, tmp_path):
