@@ -244,7 +244,7 @@ def test_it_delivers_every_message_from_32_concurrent_enqueuers_on_2_shards(sink
 def test_it_delivers_a_delay_longer_than_the_visibility_timeout_exactly_once(sink, worker, tmp_path, broker):
     # a second real worker whose broker visibility timeout (1 s) is shorter than the delay (4 s).
     # The timed wake-up is an immediate task (queueing.wake "No ETA tasks"): no worker holds it
-    # unacked while the delay runs, so Redis has nothing to hand out again; the database decides
+    # until it is due, so Redis has nothing to hand out again; the database decides
     import redis
 
     extra = start_worker(tmp_path, "short-visibility", visibility_timeout=1)
