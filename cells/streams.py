@@ -1,4 +1,4 @@
-"""The streams cell service: ordered chunks of one stream, or one run's stream registry (PROTOCOL.md §4.2, §8).
+"""The streams cell service: ordered chunks of one stream, or one run's stream registry (docs/protocol.md §4.2, §8).
 
 ``StreamCell(name)`` serves the ``streams`` binding. Both roles work on any
 cell name; the client uses ``stream:<streamName>`` for chunks and
@@ -19,8 +19,8 @@ from typing import Any
 
 from worldcell import clock, codec
 from worldcell.errors import CellError, ValidationError
+from worldcell.keys import require_storable
 
-from .index import require_text
 from .models import Stream, StreamRegistration
 
 __all__ = ["StreamCell"]
@@ -41,7 +41,7 @@ def _int_arg(value: Any, field: str) -> int:
 
 
 class StreamCell:
-    """One streams cell (PROTOCOL.md §8).
+    """One streams cell (docs/protocol.md §8).
 
     Args:
         name: the cell name, e.g. ``stream:a/b`` or ``run-streams:wrun_1``.
@@ -51,7 +51,7 @@ class StreamCell:
     """
 
     def __init__(self, name: str):
-        self.name = require_text(name, "cell name", max_bytes=NAME_MAX_BYTES)
+        self.name = require_storable(name, "cell name", max_bytes=NAME_MAX_BYTES)
 
     # ------------------------------------------------------------ chunk role
 
@@ -123,7 +123,7 @@ class StreamCell:
 
         Raises ValidationError (400) for a non-string name.
         """
-        name = require_text(name, "name", max_bytes=NAME_MAX_BYTES)
+        name = require_storable(name, "name", max_bytes=NAME_MAX_BYTES)
         StreamRegistration.objects.register(self.name, name, clock.now())
 
     def list_streams(self) -> list[str]:

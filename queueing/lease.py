@@ -35,6 +35,7 @@ from typing import Iterable
 from django.db import DatabaseError, connection, connections
 
 from worldcell import clock
+from worldcell import sql as executor
 
 from . import config
 from .models import Message
@@ -91,7 +92,7 @@ def renewed_deadline(now: int, started_at: int | None, current: int, lease_ms: i
 
 
 # the SQL of renewed_deadline: the target, and the conditions under which it applies
-_M = Message._meta.db_table
+_M = executor.table(Message)
 _TARGET = 'CASE WHEN "delivery_started_at" + %s < %s THEN "delivery_started_at" + %s ELSE %s END'
 _RENEW = (
     f'UPDATE "{_M}" SET "inflight_deadline" = {_TARGET} '
@@ -120,9 +121,7 @@ def renew_claims(claims: Iterable[tuple[int, str]], now: int | None = None) -> l
         chunk = pairs[i : i + _RENEW_BATCH]
         sql = _RENEW.format(claims=" OR ".join([_ONE_CLAIM] * len(chunk)))
         params = [*target, *(v for pair in chunk for v in pair), now, *target]
-        with connection.cursor() as cursor:
-            cursor.execute(sql, params)
-            renewed += [row[0] for row in cursor.fetchall()]
+        renewed += [row[0] for row in executor.rows(executor.database(), sql, params)]
     return renewed
 
 

@@ -31,7 +31,9 @@ from __future__ import annotations
 import math
 from typing import Any
 
+from worldcell import metrics
 from worldcell.errors import ValidationError
+from worldcell.keys import require_storable as _storable
 
 from . import machine
 
@@ -45,20 +47,6 @@ IDEMPOTENCY_KEY_MAX_BYTES = 2048
 QUEUE_NAME_MAX_BYTES = 1024
 PATHNAME_MAX_BYTES = 1024
 TARGET_BASE_URL_MAX_BYTES = 8192
-
-
-def _storable(text: str, field: str, max_bytes: int | None = None) -> str:
-    """``text`` unless it holds U+0000 or a lone surrogate (neither fits a text column)
-    or is longer than ``max_bytes`` UTF-8 bytes."""
-    if "\x00" in text:
-        raise ValidationError(f"{field}: must not contain U+0000")
-    try:
-        size = len(text.encode("utf-8"))
-    except UnicodeEncodeError:
-        raise ValidationError(f"{field}: must not contain a lone surrogate") from None
-    if max_bytes is not None and size > max_bytes:
-        raise ValidationError(f"{field}: longer than {max_bytes} UTF-8 bytes")
-    return text
 
 
 def _string(obj: dict, key: str, field: str, *, optional: bool = False) -> str | None:
@@ -143,7 +131,11 @@ class QueueCell:
 
     def enqueue(self, request: Any = None) -> dict[str, Any]:
         """``enqueue([request])`` -> ``{"ok":true,"messageId","deduped"}`` or CONFIG_MISMATCH (§4.4, §7.3)."""
-        return machine.enqueue(self.name, parse_enqueue_request(request))
+        parsed = parse_enqueue_request(request)
+        result = machine.enqueue(self.name, parsed)
+        if result.get("ok"):
+            metrics.record_enqueue(parsed.queue_name, bool(result.get("deduped")))
+        return result
 
     def stats(self) -> dict[str, Any]:
         """``stats([])`` -> ``{"pending","inflight","deadLetters","alarmAt"}`` (§7.9)."""

@@ -26,12 +26,16 @@ timed wake costs at most one beat second. Sends go through
 an enqueue answers at once and the worker's own pump (and beat, once the
 broker is back) fires the cell.
 * ``register_pump`` / ``current_pump`` — the process's ``LocalPump``, if any.
+* ``register_broker(send)`` — the Celery driver's sender of wake-up tasks,
+  registered at app start (``QueueingConfig.ready``), so that the queue never
+  imports its own driver (``queueing.tasks`` imports the state machine, which
+  imports this module).
 """
 from __future__ import annotations
 
 import logging
 import threading
-from typing import Protocol
+from typing import Callable, Protocol
 
 from django.conf import settings
 
@@ -47,6 +51,7 @@ __all__ = [
     "after_transition",
     "current_pump",
     "forget_scheduled",
+    "register_broker",
     "register_pump",
     "unregister_pump",
     "wake_cell",
@@ -61,9 +66,14 @@ class Pump(Protocol):
     def wake(self, cell_name: str | None = None, at_ms: int | None = None) -> None: ...
 
 
+#: ``send(cell_name, at_ms)``: have a Celery worker's pump run the cell now (``at_ms`` None) or at
+#: ``at_ms`` — an immediate ``queueing.tasks.wake_cell`` task, handed to ``queueing.outbox``.
+BrokerSend = Callable[[str, "int | None"], None]
+
 _pump: Pump | None = None
+_broker_send: BrokerSend | None = None
 _pump_lock = threading.Lock()
-# cell name -> epoch ms of the countdown wake this process already sent
+# cell name -> epoch ms of the timed wake this process already sent
 _scheduled: dict[str, int] = {}
 _scheduled_lock = threading.Lock()
 
@@ -73,6 +83,12 @@ def register_pump(pump: Pump) -> None:
     global _pump
     with _pump_lock:
         _pump = pump
+
+
+def register_broker(send: BrokerSend) -> None:
+    """Make ``send`` the way wake-ups reach Celery workers (``WORLDCELL_USE_CELERY``; see ``queueing.tasks``)."""
+    global _broker_send
+    _broker_send = send
 
 
 def unregister_pump(pump: Pump) -> None:
@@ -112,8 +128,9 @@ def wake_cell(name: str, at_ms: int | None = None, now: int | None = None) -> No
 
 
 def _send_celery_wake(name: str, delay_ms: int, now: int) -> None:
-    from .tasks import send_wake
-
+    send = _broker_send
+    if send is None:
+        raise RuntimeError("WORLDCELL_USE_CELERY is on but no Celery driver registered (queueing.apps)")
     at: int | None = None
     if delay_ms > config.MIN_ALARM_DELAY_MS:
         at = now + delay_ms
@@ -126,7 +143,7 @@ def _send_celery_wake(name: str, delay_ms: int, now: int) -> None:
                 for key in [k for k, v in _scheduled.items() if v <= now]:
                     del _scheduled[key]
     # run at once (no countdown: the worker holds no unacked ETA task), sent off the request path
-    send_wake(name, at)
+    send(name, at)
 
 
 def forget_scheduled(name: str) -> None:
