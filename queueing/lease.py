@@ -24,7 +24,7 @@ A lease longer than ``timeout + 30 000`` ms is cut to that, so setting
 ``QUEUE_CLAIM_LEASE_MS`` ≥ 330 000 restores the original deadline rule.
 
 The renewal statement restates ``renewed_deadline`` in SQL;
-``tests/test_queue_lease.py`` runs both on the same generated inputs.
+``tests/queueing/test_queue_lease.py`` runs both on the same generated inputs.
 """
 from __future__ import annotations
 
