@@ -82,6 +82,10 @@ def no_live_messages() -> bool:
     return not Message.objects.exists()
 
 
+def no_claim_in_flight() -> bool:
+    return not Message.objects.filter(inflight_deadline__isnull=False).exists()
+
+
 # --------------------------------------------------------------------------- broker loss
 
 
@@ -111,9 +115,21 @@ def test_the_worker_rides_out_a_10_second_broker_outage_and_loses_nothing(fleet,
     enqueue_ms: list[float] = []
     outage: dict[str, float] = {}
 
+    first_half_done, outage_started, second_half_done = threading.Event(), threading.Event(), threading.Event()
+
     def producer():
+        # phases by events, not by sleeps, so a slow machine cannot shift them: the first half goes
+        # in while deliveries run (the outage starts during it); the second half only once the
+        # broker is down, no claim is in flight and every timed tick the worker may have been
+        # asked for (delays ≤ 2 s, 503 redeliveries after 1 s) has passed, so with
+        # QUEUE_WORKER_TICK_MS=600000 only beat, through the restored broker, can deliver it
         try:
             for i in range(total):
+                if i == total // 2:
+                    first_half_done.set()
+                    outage_started.wait(60)
+                    wait_until(no_claim_in_flight, 60, "no claim in flight")
+                    time.sleep(3)
                 mid = f"b-{i}"
                 t0 = time.monotonic()
                 delay = rng.choice([0, 0, 0, 0.5, 2])
@@ -123,17 +139,18 @@ def test_the_worker_rides_out_a_10_second_broker_outage_and_loses_nothing(fleet,
                     accepted.append(mid)
                     due_at[mid] = time.time() + delay
                 time.sleep(0.04)  # 2 x 4 s of enqueues
-                if i == total // 2 - 1:
-                    time.sleep(3)  # the broker is down now: let the cells go idle
         finally:
+            second_half_done.set()
             connection.close()
 
     t = threading.Thread(target=producer)
     t.start()
-    time.sleep(2.5)
+    first_half_done.wait(2.5)
     outage["start"] = time.time()
     broker.stop()
-    time.sleep(10)
+    outage_started.set()
+    second_half_done.wait(90)
+    time.sleep(max(0.0, outage["start"] + 10 - time.time()))  # down for at least 10 s
     broker.start()
     outage["end"] = time.time()
     t.join(60)
