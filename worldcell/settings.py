@@ -177,6 +177,8 @@ SECURE_REDIRECT_EXEMPT = [r"^healthz/", r"^metrics$"]
 HEALTH_BEAT_MAX_AGE_S = env.float("HEALTH_BEAT_MAX_AGE_S", default=15.0)
 HEALTH_ALARM_MAX_OVERDUE_S = env.float("HEALTH_ALARM_MAX_OVERDUE_S", default=60.0)
 HEALTH_CHECK_TIMEOUT_S = env.float("HEALTH_CHECK_TIMEOUT_S", default=2.0)
+# readiness results are shared for this long (worldcell.health.readiness: one run at a time)
+HEALTH_CACHE_S = env.float("HEALTH_CACHE_S", default=1.0)
 # /metrics: on unless false; a bearer token, when set, is required to scrape.
 METRICS_ENABLED = env.bool("WORLDCELL_METRICS", default=True)
 METRICS_TOKEN = env.str("METRICS_TOKEN", default="")

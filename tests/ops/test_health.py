@@ -22,6 +22,12 @@ pytestmark = pytest.mark.django_db(transaction=True)
 BROKER = f"redis://127.0.0.1:6379/{int(os.environ.get('TEST_REDIS_DB_BASE', '5'))}"
 
 
+@pytest.fixture(autouse=True)
+def uncached(settings):
+    """Each probe here must see the state just set up: no reuse of the previous result."""
+    settings.HEALTH_CACHE_S = 0
+
+
 @pytest.fixture
 def celery_mode(settings):
     settings.WORLDCELL_USE_CELERY = True
