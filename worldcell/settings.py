@@ -59,13 +59,14 @@ def _database(default: str) -> dict:
     shown = database_label(url)
     try:
         parts = urlsplit(url)
-        parts.port  # noqa: B018 - raises ValueError on a bad port
+        if parts.scheme != "sqlite":  # sqlite://:memory: has no port
+            parts.port  # noqa: B018 - raises ValueError on a bad port
     except ValueError as exc:
         raise ImproperlyConfigured(f"DATABASE_URL={shown!r} is not a usable database URL: {exc}") from None
     if parts.scheme not in _DB_SCHEMES:
         raise ImproperlyConfigured(
             f"DATABASE_URL={shown!r} is not a usable database URL: the scheme must be postgres:// or sqlite:///")
-    if parts.port == 0:
+    if parts.scheme != "sqlite" and parts.port == 0:
         raise ImproperlyConfigured(f"DATABASE_URL={shown!r} is not a usable database URL: port 0")
     config = env.db_url_config(url)
     if not config.get("ENGINE") or (parts.scheme == "sqlite" and not config.get("NAME")):
