@@ -1,7 +1,8 @@
 """Admin login behind a TLS-terminating proxy (issue 12 part 2, docs/operations.md "Behind a proxy").
 
-gunicorn runs as README.md starts it; our own proxy on 127.0.0.1 adds
-``X-Forwarded-Proto: https``; the browser's view is ``https://<proxy host>``.
+The API runs as README.md starts it (waitress; with README's proxy flags, which make waitress
+keep the proxy's ``X-Forwarded-Proto``, where the test needs a trusted proxy); our own proxy
+on 127.0.0.1 adds ``X-Forwarded-Proto: https``; the browser's view is ``https://<proxy host>``.
 """
 from __future__ import annotations
 
@@ -20,6 +21,9 @@ pytestmark = pytest.mark.slow
 #: gunicorn itself trusts X-Forwarded-Proto from 127.0.0.1 (its ``forwarded_allow_ips`` default);
 #: these tests stand for a proxy on another host, so gunicorn must not, and Django's setting decides.
 REMOTE_PROXY = {"FORWARDED_ALLOW_IPS": "10.255.255.1"}
+#: waitress clears every X-Forwarded-* header unless told which proxy sends them (README.md
+#: "Behind a TLS-terminating proxy"); the test proxy stands for that trusted proxy
+WAITRESS_BEHIND_PROXY = ("--trusted-proxy", "127.0.0.1", "--trusted-proxy-headers", "x-forwarded-proto")
 BROKER = f"redis://127.0.0.1:6379/{int(os.environ.get('TEST_REDIS_DB_BASE', '5')) + 1}"
 
 
@@ -32,7 +36,8 @@ def test_admin_login_through_a_tls_terminating_proxy(tmp_path):
            "DJANGO_SECURE_HSTS_SECONDS": "3600"}
     with fresh_database(tmp_path) as db_url:
         create_superuser(db_url, tmp_path)
-        with celery_fleet(db_url, tmp_path, tmp_path, BROKER, extra_env=env, processes=("api",)) as (url, _, _):
+        with celery_fleet(db_url, tmp_path, tmp_path, BROKER, extra_env=env, processes=("api",),
+                          api_args=WAITRESS_BEHIND_PROXY) as (url, _, _):
             with https_terminating_proxy(url) as proxy:
                 resp, jar = admin_login(proxy, origin=_public_origin(proxy))
                 assert resp.status_code == 302, resp.text[:800]
