@@ -51,6 +51,12 @@ def main() -> None:
     from django.core.management import execute_from_command_line
     from django.db.utils import OperationalError
 
+    if "--traceback" not in sys.argv:
+        from worldcell.startup import exit_if_settings_invalid
+
+        # a malformed setting is one line and exit status 2 (docs/operations.md "Processes")
+        exit_if_settings_invalid("manage.py")
+
     try:
         execute_from_command_line(sys.argv)
     except OperationalError as exc:

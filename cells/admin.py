@@ -36,6 +36,7 @@ from django.urls import path, reverse
 from django.utils.html import format_html
 
 from worldcell import clock, codec, display
+from worldcell.keys import storable_text
 from worldcell.admin_site import (
     OperatorModelAdmin,
     distinct_values_filter,
@@ -46,6 +47,18 @@ from worldcell.admin_site import (
 
 from .models import Event, Hook, HookMarker, Run, Step, Stream, StreamChunk, StreamRegistration
 from .operations import CancelResult, cancel_run
+
+
+def _id_or_404(text: str | None, what: str) -> str:
+    """``text`` as a string id to look up (run, step, event id, a page cursor), or Http404.
+
+    The console's one check of ids taken from a URL: a string no text column can hold
+    (``worldcell.keys.storable_text``: a U+0000, an unpaired surrogate) names nothing, so it
+    is "not found", never a query PostgreSQL refuses (DataError, an HTML 500).
+    """
+    if text is None or not storable_text(text):
+        raise Http404(f"no such {what}")
+    return text
 
 #: Runs one cancel request may touch (a "select all" over a million runs is refused).
 CANCEL_MAX_RUNS = 500
@@ -187,7 +200,7 @@ class RunAdmin(OperatorModelAdmin):
         term = search_term.strip()
         if not term:
             return queryset, False
-        if "\x00" in term:
+        if not storable_text(term):
             return queryset.none(), False
         run_pks: set[int] = set(Run.objects.filter(cell__name=term).values_list("pk", flat=True)[:1])
         run_pks.update(Event.objects.filter(correlation_id=term).values_list("run_id", flat=True)[:1000])
@@ -359,7 +372,7 @@ class RunAdmin(OperatorModelAdmin):
             .order_by("event_id")
         )
         if events_after:
-            events_qs = events_qs.filter(event_id__gt=events_after)
+            events_qs = events_qs.filter(event_id__gt=_id_or_404(events_after, "event"))
         events = list(events_qs[: EVENTS_PER_PAGE + 1])
         more_events = len(events) > EVENTS_PER_PAGE
         events = events[:EVENTS_PER_PAGE]
@@ -481,9 +494,7 @@ class RunAdmin(OperatorModelAdmin):
     def _run_or_404_by_name(self, request, run_id: str) -> Run:
         if not self.has_view_permission(request):
             raise PermissionDenied
-        if "\x00" in run_id:
-            raise Http404
-        return get_object_or_404(self.get_queryset(request), cell__name=run_id)
+        return get_object_or_404(self.get_queryset(request), cell__name=_id_or_404(run_id, "run"))
 
     def _page_context(self, request, run: Run, title: str) -> dict[str, Any]:
         return {
@@ -499,9 +510,7 @@ class RunAdmin(OperatorModelAdmin):
     def step_view(self, request, object_id: int):
         """One step: its summary, decoded input/output/error, and its events."""
         run = self._run_or_404(request, object_id)
-        step_id = request.GET.get("id")
-        if step_id is None or "\x00" in step_id:
-            raise Http404("no step id")
+        step_id = _id_or_404(request.GET.get("id"), "step")
         annotations: dict[str, Any] = {}
         for name in STEP_PAYLOADS:
             annotations.update(display.payload_annotations(name))
@@ -548,7 +557,7 @@ class RunAdmin(OperatorModelAdmin):
         """One event of the log, decoded in full (bounded)."""
         run = self._run_or_404(request, object_id)
         event = (
-            Event.objects.filter(run=run, event_id=event_id)
+            Event.objects.filter(run=run, event_id=_id_or_404(event_id, "event"))
             .defer("body")
             .annotate(**display.payload_annotations("body"))
             .first()

@@ -12,14 +12,22 @@ from celery.signals import beat_init, worker_init
 
 os.environ.setdefault("DJANGO_SETTINGS_MODULE", "worldcell.settings")
 
-app = Celery("worldcell")
-app.config_from_object("django.conf:settings", namespace="CELERY")
-app.autodiscover_tasks()
-
 
 def _started_by_the_celery_command() -> bool:
     """True in a ``celery -A worldcell worker|beat`` process (not a worker embedded in tests)."""
     return os.path.basename(sys.argv[0]) in ("celery", "celery.exe") or sys.argv[0].endswith("celery/__main__.py")
+
+
+if _started_by_the_celery_command():
+    # Celery reads the settings before worker_init/beat_init fire: an invalid one is reported
+    # here as one line and exit status 2 (docs/operations.md "Processes"), not as a traceback
+    from .startup import exit_if_settings_invalid
+
+    exit_if_settings_invalid("beat" if "beat" in sys.argv[1:] else "worker")
+
+app = Celery("worldcell")
+app.config_from_object("django.conf:settings", namespace="CELERY")
+app.autodiscover_tasks()
 
 
 @worker_init.connect

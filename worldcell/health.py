@@ -172,7 +172,7 @@ def _redact(text: str) -> str:
     return re.sub(r"//[^/@\s]*@", "//…@", text)
 
 
-def readiness() -> tuple[bool, dict[str, dict[str, Any]]]:
+def _run_checks() -> tuple[bool, dict[str, dict[str, Any]]]:
     """Run every check concurrently, each bounded by ``HEALTH_CHECK_TIMEOUT_S``; ``(all ok, per-check results)``.
 
     A check still running at its timeout is reported ``ok: false`` with
@@ -195,6 +195,63 @@ def readiness() -> tuple[bool, dict[str, dict[str, Any]]]:
             results[name] = {"ok": False, "ms": round(timeout * 1000, 1), "error": f"timed out after {timeout:g} s"}
     ok = all(r["ok"] for r in results.values())
     return ok, results
+
+
+class _Flight:
+    """One run of the checks that concurrent callers share."""
+
+    def __init__(self) -> None:
+        self.done = threading.Event()
+        self.result: tuple[bool, dict[str, dict[str, Any]]] | None = None
+
+
+_flight_lock = threading.Lock()
+_flight: _Flight | None = None  # the run in progress, if any
+_last: tuple[float, tuple[bool, dict[str, dict[str, Any]]]] | None = None  # (monotonic s when done, result)
+
+
+def readiness() -> tuple[bool, dict[str, dict[str, Any]]]:
+    """The checks' result, ``(all ok, per-check results)``, at most one run at a time per process.
+
+    Anonymous probes must not be able to hold the API's threads (docs/operations.md
+    "Health"): a result younger than ``HEALTH_CACHE_S`` (default 1 s) is reused; while a
+    run is in progress, callers get the previous result if it is at most
+    ``HEALTH_CACHE_S + HEALTH_CHECK_TIMEOUT_S`` old, else they wait for that run (bounded
+    by ``HEALTH_CHECK_TIMEOUT_S``). So N concurrent probes cost one run of the checks.
+    """
+    global _flight, _last
+    timeout = settings.HEALTH_CHECK_TIMEOUT_S
+    cache_s = settings.HEALTH_CACHE_S
+    with _flight_lock:
+        now = time.monotonic()
+        last = _last
+        if last is not None and now - last[0] < cache_s:
+            return last[1]
+        flight = _flight
+        if flight is None:
+            flight = _flight = _Flight()
+            leader = True
+        else:
+            leader = False
+            if last is not None and now - last[0] <= cache_s + timeout:
+                return last[1]
+    if not leader:
+        flight.done.wait(timeout + 0.5)
+        if flight.result is not None:
+            return flight.result
+        return False, {"checks": {"ok": False, "ms": round(timeout * 1000, 1),
+                                  "error": f"timed out after {timeout:g} s waiting for the running check"}}
+    result: tuple[bool, dict[str, dict[str, Any]]] | None = None
+    try:
+        result = _run_checks()
+        return result
+    finally:
+        with _flight_lock:
+            if result is not None:
+                _last = (time.monotonic(), result)
+            _flight = None
+        flight.result = result
+        flight.done.set()
 
 
 def _json(data: Any, status: int) -> HttpResponse:

@@ -23,6 +23,7 @@ from __future__ import annotations
 import hmac
 import os
 import platform
+import threading
 import time
 from typing import Any, Iterable
 
@@ -102,11 +103,49 @@ def observe_rpc(path: str, status: int, seconds: float) -> None:
     RPC_LATENCY.labels(binding, method).observe(seconds)
 
 
+#: the Workflow DevKit's queue-name prefixes and their overflow labels
+_KINDS = (("__wkf_workflow_", "other_workflow"), ("__wkf_step_", "other_step"))
+#: a longer queue name is never a label value by itself
+_MAX_LABEL_CHARS = 200
+_queue_labels_lock = threading.Lock()
+_queue_labels: set[str] = set()
+
+
+def queue_label(queue_name: str) -> str:
+    """The ``queue`` label value of ``queue_name``: bounded cardinality per process.
+
+    ``queueName`` is chosen by the client (up to 1024 bytes), so only the first
+    ``METRICS_QUEUE_NAMES`` (default 100) distinct names a process sees, each at most
+    200 characters, label by themselves; every later one counts under its Workflow
+    DevKit kind: ``other_workflow`` (``__wkf_workflow_…``), ``other_step``
+    (``__wkf_step_…``) or ``other``. A real app has one queue name per workflow and
+    step function, far fewer than the limit (docs/operations.md "Metrics").
+    """
+    if queue_name in _queue_labels:
+        return queue_name
+    limit = int(getattr(settings, "METRICS_QUEUE_NAMES", 100))
+    if len(queue_name) <= _MAX_LABEL_CHARS:
+        with _queue_labels_lock:
+            if queue_name in _queue_labels or len(_queue_labels) < limit:
+                _queue_labels.add(queue_name)
+                return queue_name
+    for prefix, overflow in _KINDS:
+        if queue_name.startswith(prefix):
+            return overflow
+    return "other"
+
+
+def reset_queue_labels() -> None:
+    """Forget the queue names seen so far (tests: each starts with an empty set)."""
+    with _queue_labels_lock:
+        _queue_labels.clear()
+
+
 def record_enqueue(queue_name: str, deduped: bool) -> None:
-    """Count one enqueue of queue ``queue_name`` (the request's ``queueName``)."""
+    """Count one enqueue of queue ``queue_name`` (the request's ``queueName``; label: ``queue_label``)."""
     if not ENABLED:
         return
-    (QUEUE_DEDUPED if deduped else QUEUE_ENQUEUED).labels(queue_name).inc()
+    (QUEUE_DEDUPED if deduped else QUEUE_ENQUEUED).labels(queue_label(queue_name)).inc()
 
 
 def record_delivery(row: Any, result: str, attempt_seconds: float, answered_ms: int | None = None) -> None:
@@ -119,7 +158,7 @@ def record_delivery(row: Any, result: str, attempt_seconds: float, answered_ms: 
     """
     if not ENABLED:
         return
-    queue = row.queue_name
+    queue = queue_label(row.queue_name)
     QUEUE_DELIVERIES.labels(queue, _OUTCOMES.get(result, "other")).inc()
     QUEUE_ATTEMPT_DURATION.labels(queue).observe(attempt_seconds)
     answered = clock.now_ms() if answered_ms is None else answered_ms
@@ -161,23 +200,37 @@ class DatabaseCollector:
         yield build
 
         cap = int(getattr(settings, "METRICS_COUNT_CAP", 100_000))
-        cells = list(QueueCell.objects.values_list("id", "name"))
-        m, d = _table(Message), _table(DeadLetter)
+        shown = int(getattr(settings, "METRICS_SHARDS", 100))
+        m, d, c = _table(Message), _table(DeadLetter), _table(QueueCell)
         pending = GaugeMetricFamily("worldcell_queue_pending", "Messages due or waiting, per shard (capped)", labels=["shard"])
         inflight = GaugeMetricFamily("worldcell_queue_inflight", "Messages claimed and being delivered, per shard", labels=["shard"])
         dead = GaugeMetricFamily("worldcell_queue_dead_letters", "Dead letters, per shard (capped)", labels=["shard"])
+        # one query for every cell, each count still an index scan bounded by the cap
         with connection.cursor() as cursor:
-            for cell_id, name in cells:
-                cursor.execute(
-                    f'SELECT (SELECT COUNT(*) FROM (SELECT 1 FROM {m} WHERE "cell_id" = %s AND "due_at" IS NOT NULL LIMIT %s) AS p), '
-                    f'(SELECT COUNT(*) FROM (SELECT 1 FROM {m} WHERE "cell_id" = %s AND "inflight_deadline" IS NOT NULL LIMIT %s) AS i), '
-                    f'(SELECT COUNT(*) FROM (SELECT 1 FROM {d} WHERE "cell_id" = %s LIMIT %s) AS d)',
-                    [cell_id, cap, cell_id, cap, cell_id, cap],
-                )
-                p, i, n = cursor.fetchone()
-                pending.add_metric([name], p)
-                inflight.add_metric([name], i)
-                dead.add_metric([name], n)
+            cursor.execute(
+                f'SELECT c."name", '
+                f'(SELECT COUNT(*) FROM (SELECT 1 FROM {m} WHERE "cell_id" = c."id" AND "due_at" IS NOT NULL LIMIT %s) AS p), '
+                f'(SELECT COUNT(*) FROM (SELECT 1 FROM {m} WHERE "cell_id" = c."id" AND "inflight_deadline" IS NOT NULL LIMIT %s) AS i), '
+                f'(SELECT COUNT(*) FROM (SELECT 1 FROM {d} WHERE "cell_id" = c."id" LIMIT %s) AS d) '
+                f'FROM {c} AS c',
+                [cap, cap, cap],
+            )
+            rows = cursor.fetchall()
+        # the busiest METRICS_SHARDS cells by name, the rest summed under shard="other"
+        rows.sort(key=lambda r: (-(r[1] + r[2] + r[3]), r[0]))
+        rest = [0, 0, 0]
+        for name, p, i, n in rows[shown:]:
+            rest[0] += p
+            rest[1] += i
+            rest[2] += n
+        for name, p, i, n in rows[:shown]:
+            pending.add_metric([name], p)
+            inflight.add_metric([name], i)
+            dead.add_metric([name], n)
+        if len(rows) > shown:
+            pending.add_metric(["other"], rest[0])
+            inflight.add_metric(["other"], rest[1])
+            dead.add_metric(["other"], rest[2])
         yield pending
         yield inflight
         yield dead

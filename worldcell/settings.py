@@ -3,13 +3,75 @@
 Every knob is an environment variable; README.md has the table. Defaults give
 the embedded fleet: a SQLite database under ``./data`` and no broker.
 """
+import math
+import os
 from pathlib import Path
+from urllib.parse import urlsplit
 
 import environ
+from django.core.exceptions import ImproperlyConfigured
+
+from worldcell.startup import database_label
 
 BASE_DIR = Path(__file__).resolve().parent.parent
 
 env = environ.Env()
+
+
+def _number(name: str, default: float, *, whole: bool = False, minimum: float | None = None,
+            above: float | None = None, maximum: float | None = None) -> float:
+    """The environment variable ``name`` as a number (an int when ``whole``), ``default`` when unset or empty.
+
+    Raises ImproperlyConfigured naming the variable and its value when it is not a finite
+    number or lies outside ``minimum`` (inclusive), ``above`` (exclusive), ``maximum``;
+    ``worldcell.startup`` turns that into the one-line configuration error (docs/operations.md "Processes").
+    """
+    raw = os.environ.get(name, "").strip()
+    if not raw:
+        return default
+    try:
+        value = int(raw) if whole else float(raw)
+    except ValueError:
+        raise ImproperlyConfigured(
+            f"{name}={raw!r} is not {'a whole number' if whole else 'a number'}") from None
+    if not math.isfinite(value):
+        raise ImproperlyConfigured(f"{name}={raw!r} is not a finite number")
+    if minimum is not None and value < minimum:
+        raise ImproperlyConfigured(f"{name}={raw!r} must be at least {minimum:g}")
+    if above is not None and value <= above:
+        raise ImproperlyConfigured(f"{name}={raw!r} must be greater than {above:g}")
+    if maximum is not None and value > maximum:
+        raise ImproperlyConfigured(f"{name}={raw!r} must be at most {maximum:g}")
+    return value
+
+
+#: the DATABASE_URL schemes worldcell runs on (PostgreSQL or SQLite; django-environ's names)
+_DB_SCHEMES = {"postgres", "postgresql", "psql", "pgsql", "sqlite"}
+
+
+def _database(default: str) -> dict:
+    """Django's ``DATABASES["default"]`` from ``DATABASE_URL``.
+
+    Raises ImproperlyConfigured naming the variable and the value (without its password)
+    when the scheme is not PostgreSQL or SQLite or the port is not a number in 1-65535.
+    """
+    url = os.environ.get("DATABASE_URL", "").strip() or default
+    shown = database_label(url)
+    try:
+        parts = urlsplit(url)
+        if parts.scheme != "sqlite":  # sqlite://:memory: has no port
+            parts.port  # noqa: B018 - raises ValueError on a bad port
+    except ValueError as exc:
+        raise ImproperlyConfigured(f"DATABASE_URL={shown!r} is not a usable database URL: {exc}") from None
+    if parts.scheme not in _DB_SCHEMES:
+        raise ImproperlyConfigured(
+            f"DATABASE_URL={shown!r} is not a usable database URL: the scheme must be postgres:// or sqlite:///")
+    if parts.scheme != "sqlite" and parts.port == 0:
+        raise ImproperlyConfigured(f"DATABASE_URL={shown!r} is not a usable database URL: port 0")
+    config = env.db_url_config(url)
+    if not config.get("ENGINE") or (parts.scheme == "sqlite" and not config.get("NAME")):
+        raise ImproperlyConfigured(f"DATABASE_URL={shown!r} is not a usable database URL")
+    return config
 
 DATA_DIR = Path(env.str("WORLDCELL_DATA_DIR", default=str(BASE_DIR / "data")))
 
@@ -81,11 +143,7 @@ TEMPLATES = [
 ]
 
 # --- Database -------------------------------------------------------------
-DATABASES = {
-    "default": env.db_url(
-        "DATABASE_URL", default=f"sqlite:///{DATA_DIR / 'worldcell.sqlite3'}"
-    )
-}
+DATABASES = {"default": _database(default=f"sqlite:///{DATA_DIR / 'worldcell.sqlite3'}")}
 _db = DATABASES["default"]
 if _db["ENGINE"] == "django.db.backends.sqlite3":
     # WAL so readers never block the writer; IMMEDIATE so every transaction
@@ -99,14 +157,14 @@ if _db["ENGINE"] == "django.db.backends.sqlite3":
         }
     )
     # Keep each thread's connection (opening one costs ~5 ms with the pragmas).
-    _db["CONN_MAX_AGE"] = env.int("DATABASE_CONN_MAX_AGE", default=600)
+    _db["CONN_MAX_AGE"] = _number("DATABASE_CONN_MAX_AGE", 600, whole=True, minimum=0)
     # Tests use a file (not :memory:) so threads see one database.
     _db.setdefault("TEST", {})["NAME"] = str(DATA_DIR / "test-worldcell.sqlite3")
     if _db["NAME"] not in ("", ":memory:"):
         Path(_db["NAME"]).parent.mkdir(parents=True, exist_ok=True)
     DATA_DIR.mkdir(parents=True, exist_ok=True)
 else:
-    _db["CONN_MAX_AGE"] = env.int("DATABASE_CONN_MAX_AGE", default=600)
+    _db["CONN_MAX_AGE"] = _number("DATABASE_CONN_MAX_AGE", 600, whole=True, minimum=0)
     _db["CONN_HEALTH_CHECKS"] = True
     _db.setdefault("OPTIONS", {}).setdefault("application_name", "worldcell")
 
@@ -174,7 +232,7 @@ if env.bool("DJANGO_SECURE_PROXY_SSL_HEADER", default=False):
     SECURE_PROXY_SSL_HEADER = ("HTTP_X_FORWARDED_PROTO", "https")
 USE_X_FORWARDED_HOST = env.bool("DJANGO_USE_X_FORWARDED_HOST", default=False)
 SESSION_COOKIE_SECURE = CSRF_COOKIE_SECURE = env.bool("DJANGO_SECURE_COOKIES", default=False)
-SECURE_HSTS_SECONDS = env.int("DJANGO_SECURE_HSTS_SECONDS", default=0)
+SECURE_HSTS_SECONDS = _number("DJANGO_SECURE_HSTS_SECONDS", 0, whole=True, minimum=0)
 SECURE_HSTS_INCLUDE_SUBDOMAINS = env.bool("DJANGO_SECURE_HSTS_INCLUDE_SUBDOMAINS", default=False)
 SECURE_HSTS_PRELOAD = env.bool("DJANGO_SECURE_HSTS_PRELOAD", default=False)
 SECURE_SSL_REDIRECT = env.bool("DJANGO_SECURE_SSL_REDIRECT", default=False)
@@ -184,15 +242,20 @@ SECURE_REDIRECT_EXEMPT = [r"^healthz/", r"^metrics$"]
 # --- Health and metrics (docs/operations.md "Health", "Metrics") -------------
 # Readiness fails when beat's last tick (recorded by fire_due_alarms) is older
 # than this, or when the most overdue queue alarm is older than the other.
-HEALTH_BEAT_MAX_AGE_S = env.float("HEALTH_BEAT_MAX_AGE_S", default=15.0)
-HEALTH_ALARM_MAX_OVERDUE_S = env.float("HEALTH_ALARM_MAX_OVERDUE_S", default=60.0)
-HEALTH_CHECK_TIMEOUT_S = env.float("HEALTH_CHECK_TIMEOUT_S", default=2.0)
+HEALTH_BEAT_MAX_AGE_S = _number("HEALTH_BEAT_MAX_AGE_S", 15.0, above=0)
+HEALTH_ALARM_MAX_OVERDUE_S = _number("HEALTH_ALARM_MAX_OVERDUE_S", 60.0, above=0)
+HEALTH_CHECK_TIMEOUT_S = _number("HEALTH_CHECK_TIMEOUT_S", 2.0, above=0, maximum=300)
+# readiness results are shared for this long (worldcell.health.readiness: one run at a time)
+HEALTH_CACHE_S = _number("HEALTH_CACHE_S", 1.0, minimum=0, maximum=300)
 # /metrics: on unless false; a bearer token, when set, is required to scrape.
 METRICS_ENABLED = env.bool("WORLDCELL_METRICS", default=True)
 METRICS_TOKEN = env.str("METRICS_TOKEN", default="")
-METRICS_COUNT_CAP = env.int("METRICS_COUNT_CAP", default=100_000)
+METRICS_COUNT_CAP = _number("METRICS_COUNT_CAP", 100_000, whole=True, minimum=1)
+# bounded label sets: queue names labelled by themselves per process, shards shown by name
+METRICS_QUEUE_NAMES = _number("METRICS_QUEUE_NAMES", 100, whole=True, minimum=0, maximum=10_000)
+METRICS_SHARDS = _number("METRICS_SHARDS", 100, whole=True, minimum=1, maximum=10_000)
 # a Celery worker serves its own delivery metrics here (0 = off)
-WORKER_METRICS_PORT = env.int("WORLDCELL_WORKER_METRICS_PORT", default=0)
+WORKER_METRICS_PORT = _number("WORLDCELL_WORKER_METRICS_PORT", 0, whole=True, minimum=0, maximum=65535)
 WORKER_METRICS_HOST = env.str("WORLDCELL_WORKER_METRICS_HOST", default="127.0.0.1")
 
 LOGGING = {

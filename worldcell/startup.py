@@ -19,18 +19,23 @@ from urllib.parse import urlsplit
 
 EXIT_CONFIG = 2
 
-__all__ = ["EXIT_CONFIG", "check", "describe_database_error", "exit_if_misconfigured"]
+__all__ = ["EXIT_CONFIG", "check", "check_settings", "database_label", "describe_database_error",
+           "exit_if_misconfigured", "exit_if_settings_invalid"]
+
+
+def database_label(url: str) -> str:
+    """``url`` without credentials: ``postgres://host:port/name`` or the SQLite path; never raises."""
+    try:
+        parts = urlsplit(url)
+        netloc = parts.netloc.rpartition("@")[2]  # the host and the port as written, even when invalid
+        return f"{parts.scheme}://{netloc}{parts.path}" if parts.scheme else netloc + parts.path
+    except ValueError:
+        return "<unparsable URL>"
 
 
 def _database_label() -> str:
-    """``DATABASE_URL`` without credentials: ``postgres://host:port/name`` or the SQLite path."""
     url = os.environ.get("DATABASE_URL", "")
-    if not url:
-        return "the default SQLite file"
-    parts = urlsplit(url)
-    host = parts.hostname or ""
-    port = f":{parts.port}" if parts.port else ""
-    return f"{parts.scheme}://{host}{port}{parts.path}"
+    return database_label(url) if url else "the default SQLite file"
 
 
 def describe_database_error(exc: BaseException) -> str:
@@ -47,11 +52,8 @@ def describe_database_error(exc: BaseException) -> str:
     return f"cannot open the database {_database_label()} (DATABASE_URL): {text[:300]}{hint}"
 
 
-def check(role: str) -> str | None:
-    """Load the settings and open the database; the first problem found as one line, or None.
-
-    ``role``: ``"api"``, ``"worker"`` or ``"beat"`` (only the API needs ``WORLD_SECRET``).
-    """
+def check_settings() -> str | None:
+    """Load (and so validate) the settings module; its error as one line, or None."""
     os.environ.setdefault("DJANGO_SETTINGS_MODULE", "worldcell.settings")
     try:
         # the settings only, not django.setup(): in Celery beat that would re-apply LOGGING over
@@ -61,6 +63,19 @@ def check(role: str) -> str | None:
         settings.WORLD_SECRET  # noqa: B018 - loads (and validates) the settings module
     except Exception as exc:  # noqa: BLE001 - a settings error is a configuration error
         return f"the settings cannot be loaded: {type(exc).__name__}: {' '.join(str(exc).split())[:300]}"
+    return None
+
+
+def check(role: str) -> str | None:
+    """Load the settings and open the database; the first problem found as one line, or None.
+
+    ``role``: ``"api"``, ``"worker"`` or ``"beat"`` (only the API needs ``WORLD_SECRET``).
+    """
+    problem = check_settings()
+    if problem is not None:
+        return problem
+    from django.conf import settings
+
     if role == "api" and not settings.WORLD_SECRET:
         return ("WORLD_SECRET is not set: every RPC call would answer 503 WorldNotConfigured "
                 "(set it to the Node app's CELLD_WORLD_SECRET)")
@@ -77,7 +92,19 @@ def check(role: str) -> str | None:
 
 def exit_if_misconfigured(role: str) -> None:
     """Run ``check(role)``; on a problem print one line on stderr and exit with ``EXIT_CONFIG``."""
-    problem = check(role)
+    _exit_on(role, check(role))
+
+
+def exit_if_settings_invalid(role: str) -> None:
+    """Run ``check_settings()`` (no database connection); on a problem, one line and ``EXIT_CONFIG``.
+
+    For processes that load the settings before their own check can run (``manage.py``,
+    ``celery -A worldcell``).
+    """
+    _exit_on(role, check_settings())
+
+
+def _exit_on(role: str, problem: str | None) -> None:
     if problem is None:
         return
     line = f"worldcell {role}: configuration error: {problem}\n"

@@ -300,3 +300,12 @@ def test_it_offers_no_add_change_or_delete_of_event_sourced_state(admin_client, 
     html = admin_client.get(RUNS).content.decode()
     assert "delete_selected" not in html
     assert Step.objects.count() == 1
+
+
+@pytest.mark.parametrize("page", ["{pk}/event/%00/", "{pk}/event/a%00b/", "{pk}/step/?id=%00",
+                                  "{pk}/change/?events_after=%00", "by-id/wrun_%00/"])
+def test_ids_no_text_column_can_hold_are_not_found(admin_client, world, page):
+    """A U+0000 in an event, step or run id, or in the timeline cursor: 404, never PostgreSQL's DataError."""
+    pk = Run.objects.get(cell__name="wrun_C").pk
+    response = admin_client.get(RUNS + page.format(pk=pk))
+    assert response.status_code == 404, (response.status_code, response.content[:300])

@@ -163,6 +163,15 @@ def dev_fleet(db_url: str, data_dir: Path, log_path: Path, extra_env: dict[str, 
         log.close()
 
 
+def _with_args(cmd: list[str], args: tuple[str, ...]) -> list[str]:
+    """``cmd`` with ``args`` added as options: before waitress's app (its last, positional word), else at the end."""
+    if not args:
+        return cmd
+    if Path(cmd[0]).name == "waitress-serve":
+        return [*cmd[:-1], *args, cmd[-1]]
+    return [*cmd, *args]
+
+
 @contextlib.contextmanager
 def celery_fleet(db_url: str, data_dir: Path, log_dir: Path, broker_url: str, extra_env: dict[str, str] | None = None,
                  processes: tuple[str, ...] = ("api", "worker", "beat"), port: int | None = None,
@@ -172,8 +181,8 @@ def celery_fleet(db_url: str, data_dir: Path, log_dir: Path, broker_url: str, ex
 
     ``processes`` picks which of ``api``, ``worker``, ``beat`` to start, ``process_env``
     adds variables to one of them, ``api`` names the server (``"waitress"``, the README's
-    production command, or ``"gunicorn"``, its alternative), ``api_args`` are extra flags for it
-    (placed before the application argument); yields ``(url, secret, procs)``.
+    production command, or ``"gunicorn"``, its alternative), ``api_args`` are flags appended to
+    the API's command line (e.g. README.md's proxy flags); yields ``(url, secret, procs)``.
     """
     secret = uuid.uuid4().hex
     port = port or free_port()
@@ -184,7 +193,7 @@ def celery_fleet(db_url: str, data_dir: Path, log_dir: Path, broker_url: str, ex
         subprocess.run([PY, "manage.py", "collectstatic", "--noinput", "-v", "0"], cwd=ROOT, env=env, check=True)
     bin_dir = Path(PY).parent
     cmds = {
-        "api": (lambda argv: [*argv[:-1], *api_args, argv[-1]])(readme_api_command(api, port)),
+        "api": _with_args(readme_api_command(api, port), api_args),
         "worker": [str(bin_dir / "celery"), "-A", "worldcell", "worker", "--pool", "threads", "--concurrency", "16",
                    "--loglevel", "INFO", "--without-gossip", "--without-mingle"],
         "beat": [str(bin_dir / "celery"), "-A", "worldcell", "beat", "--loglevel", "INFO",

@@ -67,3 +67,32 @@ def test_an_unreadable_setting_is_one_line(tmp_path):
     env = base_env(_missing_db_url(), "a-secret", tmp_path, DJANGO_SECURE_HSTS_SECONDS="soon")
     rc, lines = _run(COMMANDS["api"], env, tmp_path)
     assert rc == 2 and len(lines) == 1 and "settings cannot be loaded" in lines[0] and "'soon'" in lines[0]
+
+
+#: malformed values: (variable, value, text the one line must contain)
+MALFORMED = {
+    "unknown-scheme": ("DATABASE_URL", "foo://bar", "DATABASE_URL='foo://bar'"),
+    "not-a-url": ("DATABASE_URL", "::::", "DATABASE_URL='::::'"),
+    "port-out-of-range": ("DATABASE_URL", "postgres://ops:hunter2@127.0.0.1:99999/db",
+                          "DATABASE_URL='postgres://127.0.0.1:99999/db'"),
+    "timeout-not-a-number": ("HEALTH_CHECK_TIMEOUT_S", "abc", "HEALTH_CHECK_TIMEOUT_S='abc' is not a number"),
+    "timeout-zero": ("HEALTH_CHECK_TIMEOUT_S", "0", "HEALTH_CHECK_TIMEOUT_S='0' must be greater than 0"),
+    "beat-age-negative": ("HEALTH_BEAT_MAX_AGE_S", "-5", "HEALTH_BEAT_MAX_AGE_S='-5' must be greater than 0"),
+    "metrics-port": ("WORLDCELL_WORKER_METRICS_PORT", "70000", "WORLDCELL_WORKER_METRICS_PORT='70000' must be at most"),
+}
+
+
+@pytest.mark.parametrize("case", list(MALFORMED))
+@pytest.mark.parametrize("process", list(COMMANDS))
+def test_a_malformed_setting_is_one_line_naming_it_and_exit_2(process, case, tmp_path):
+    name, value, expected = MALFORMED[case]
+    db = settings.DATABASES["default"]
+    good_url = f"postgres://{db['USER']}@{db['HOST']}:{db['PORT']}/{db['NAME']}"
+    env = base_env(good_url, "a-secret", tmp_path, CELERY_BROKER_URL="redis://127.0.0.1:1/0")
+    env[name] = value
+    cmd = COMMANDS[process] + (["--schedule", str(tmp_path / "beat-schedule")] if process == "beat" else [])
+    rc, lines = _run(cmd, env, tmp_path)
+    assert rc == 2
+    assert len(lines) == 1, lines
+    assert "configuration error" in lines[0] and expected in lines[0], lines[0]
+    assert "hunter2" not in lines[0]

@@ -22,6 +22,12 @@ pytestmark = pytest.mark.django_db(transaction=True)
 BROKER = f"redis://127.0.0.1:6379/{int(os.environ.get('TEST_REDIS_DB_BASE', '5'))}"
 
 
+@pytest.fixture(autouse=True)
+def uncached(settings):
+    """Each probe here must see the state just set up: no reuse of the previous result."""
+    settings.HEALTH_CACHE_S = 0
+
+
 @pytest.fixture
 def celery_mode(settings):
     settings.WORLDCELL_USE_CELERY = True
@@ -118,3 +124,16 @@ def test_unapplied_migrations_fail_readiness(client, settings):
         assert "worldcell.0001_initial" in body["checks"]["migrations"]["error"]
     finally:
         recorder.create(app="worldcell", name="0001_initial")
+
+
+@pytest.mark.parametrize("path", ["/healthz/live", "/healthz/ready", "/metrics"])
+@pytest.mark.parametrize("method", ["post", "put", "delete"])
+def test_other_methods_than_get_answer_405_json_not_the_csrf_page(path, method):
+    from django.test import Client
+
+    client = Client(enforce_csrf_checks=True)  # as a real server: no test-client CSRF bypass
+    resp = getattr(client, method)(path)
+    assert resp.status_code == 405, resp.content[:300]
+    assert resp["Content-Type"] == "application/json" and resp["Allow"] == "GET, HEAD"
+    assert json.loads(resp.content)["error"]["name"] == "MethodNotAllowed"
+    assert client.head(path).status_code in (200, 503)

@@ -31,6 +31,16 @@ def no_broker(settings):
     settings.WORLDCELL_USE_CELERY = False
 
 
+@pytest.fixture(autouse=True)
+def fresh_queue_labels():
+    """Each test starts with no queue names seen (the label set is per process)."""
+    from worldcell import metrics
+
+    metrics.reset_queue_labels()
+    yield
+    metrics.reset_queue_labels()
+
+
 @pytest.fixture
 def sink():
     s = HttpSink()
@@ -156,3 +166,55 @@ def test_the_shipped_dashboard_and_alerts_use_only_metrics_that_exist(client, rp
     used = set(re.findall(r"\b(worldcell_[a-z_]+)", dashboard + alerts))
     unknown = {u for u in used if re.sub(r"_(bucket|count|sum|total)$", "", u) not in names and u not in names}
     assert not unknown, unknown
+
+
+def _series(samples, name) -> set[tuple]:
+    return {labels for (n, labels) in samples if n == name}
+
+
+def test_random_queue_names_keep_the_series_count_bounded(client, settings):
+    import random
+
+    from worldcell import metrics
+
+    settings.METRICS_QUEUE_NAMES = 100
+    rng = random.Random(7)
+    kinds = ["__wkf_workflow_", "__wkf_step_", ""]
+    names = [kinds[i % 3] + "".join(rng.choices("abcdefghijklmnopqrstuvwxyz0123456789", k=rng.randint(8, 1000)))
+             for i in range(1000)]
+    before = scrape(client)
+    for name in names:
+        metrics.record_enqueue(name, deduped=False)
+    after = scrape(client)
+    # the series this test added (the registry keeps earlier tests' series)
+    series = _series(after, "worldcell_queue_enqueued_total") - _series(before, "worldcell_queue_enqueued_total")
+    labels = {dict(s)["queue"] for s in series}
+    # at most 100 names by themselves (only those up to 200 characters) and the three kind buckets
+    assert len(labels - {"other_workflow", "other_step", "other"}) <= 100
+    assert all(len(label) <= 200 for label in labels)
+    assert len(series) <= 103
+    assert value(after, "worldcell_queue_enqueued_total", queue="other_step") > 0
+    # every enqueue is counted somewhere
+    total = sum(v for (n, _), v in after.items() if n == "worldcell_queue_enqueued_total")
+    assert total - sum(v for (n, _), v in before.items() if n == "worldcell_queue_enqueued_total") == 1000
+
+
+def test_a_scrape_over_500_cells_is_one_query_for_the_shard_gauges(client, settings, django_assert_max_num_queries):
+    from queueing.models import QueueCell as Row
+
+    settings.METRICS_SHARDS = 20
+    cells = Row.objects.bulk_create([Row(name=f"q:{i}", queue_shards=500, pinned_at=0) for i in range(500)])
+    # the busiest cell has 4 pending messages, 30 more cells have 1 each
+    busy = [cells[7]] * 4 + cells[100:130]
+    Message.objects.bulk_create([
+        Message(cell=cell, message_id=f"m{i}", queue_name="q", pathname="step", body='""', target_base_url="http://x",
+                enqueued_at=0, due_at=1, updated_at=0) for i, cell in enumerate(busy)
+    ])
+    # the whole scrape: the shard gauges (1), the alarm (1), active runs (1), the runs estimate (PostgreSQL)
+    with django_assert_max_num_queries(4):
+        samples = scrape(client)
+    shards = {dict(s)["shard"] for s in _series(samples, "worldcell_queue_pending")}
+    assert len(shards) == 21 and "other" in shards
+    assert value(samples, "worldcell_queue_pending", shard="q:7") == 4
+    assert value(samples, "worldcell_queue_pending", shard="other") == 30 - 19
+    assert sum(v for (n, _), v in samples.items() if n == "worldcell_queue_pending") == 34

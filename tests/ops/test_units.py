@@ -37,6 +37,22 @@ def test_units_restart_always_and_run_the_documented_command(name):
     assert expected in (ROOT / "Procfile").read_text()
 
 
+def _waitress_flags(text: str) -> list[str]:
+    """The options of the (first) waitress-serve command in ``text``, without ``--listen``'s value."""
+    line = " ".join(text.replace("\\\n", " ").split())
+    m = re.search(r"waitress-serve (.*?--call \S+)", line)
+    assert m, "no waitress-serve command"
+    words = m.group(1).split()
+    return [w for i, w in enumerate(words) if w != "--listen" and (i == 0 or words[i - 1] != "--listen")]
+
+
+def test_the_api_unit_and_procfile_run_waitress_with_the_readmes_flags():
+    readme = _waitress_flags((ROOT / "README.md").read_text())
+    assert "--max-request-body-size" in readme and "--channel-timeout" in readme
+    assert _waitress_flags(UNITS["api"].read_text()) == readme
+    assert _waitress_flags((ROOT / "Procfile").read_text()) == readme
+
+
 @pytest.mark.skipif(shutil.which("systemd-analyze") is None, reason="systemd-analyze is not installed")
 def test_units_pass_systemd_analyze_verify(tmp_path):
     for name, unit in UNITS.items():

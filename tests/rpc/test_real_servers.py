@@ -155,3 +155,13 @@ def test_a_chunked_body_over_32_mib_answers_413_json(server):
         sender.join(30)
     assert resp is not None and resp.status == 413, resp
     assert resp.body == b'{"error":{"name":"PayloadTooLarge","message":"body exceeds 33554432 bytes"}}'
+
+
+@pytest.mark.parametrize("path", ["/healthz/live", "/healthz/ready", "/metrics"])
+def test_a_post_to_a_probe_or_metrics_answers_405_json(server, path):
+    import httpx
+
+    resp = httpx.post(f"{server.url}{path}", content=b"x", timeout=10)
+    assert resp.status_code == 405, resp.text[:300]
+    assert resp.headers["content-type"] == "application/json" and resp.headers["allow"] == "GET, HEAD"
+    assert resp.json()["error"]["name"] == "MethodNotAllowed"
