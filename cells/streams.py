@@ -20,6 +20,7 @@ from typing import Any
 from worldcell import clock, codec
 from worldcell.errors import CellError, ValidationError
 
+from . import lifecycle
 from .index import require_text
 from .models import Stream, StreamRegistration
 
@@ -124,6 +125,8 @@ class StreamCell:
         Raises ValidationError (400) for a non-string name.
         """
         name = require_text(name, "name", max_bytes=NAME_MAX_BYTES)
+        if self.name.startswith("run-streams:"):  # no registry for an expired run (docs/lifecycle.md)
+            lifecycle.raise_if_expired(self.name[len("run-streams:"):])
         StreamRegistration.objects.register(self.name, name, clock.now())
 
     def list_streams(self) -> list[str]:

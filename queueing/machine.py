@@ -69,6 +69,7 @@ from worldcell import clock, codec
 from . import config, wake
 from .combining import Combiner
 from .models import DeadLetter, Message, QueueCell
+from .runref import run_of_message
 
 log = logging.getLogger("queueing.machine")
 
@@ -121,6 +122,8 @@ class EnqueueRequest:
     queue_shards: int
     idempotency_key: str | None = None
     delay_seconds: float | None = None
+    #: the run the body names (``cells.lifecycle.run_of_message``), stored on the row for retention
+    run_id: str | None = None
 
 
 @dataclass(frozen=True)
@@ -270,10 +273,10 @@ _STATS = (
 _INSERT_MESSAGES = (
     f'INSERT INTO "{_M}" ("cell_id", "message_id", "queue_name", "pathname", "body", "target_base_url", '
     f'"idempotency_key", "attempt", "enqueued_at", "due_at", "inflight_deadline", "claim_token", '
-    f'"delivery_started_at", "deliveries", "last_error", "last_status", "last_attempt_at", "updated_at") '
+    f'"delivery_started_at", "deliveries", "last_error", "last_status", "last_attempt_at", "updated_at", "run_id") '
     f'VALUES %s ON CONFLICT DO NOTHING RETURNING "message_id", ({_INFLIGHT_COUNT.replace("%s", "%%s")})'
 )
-_INSERT_VALUES = "(%s, %s, %s, %s, %s, %s, %s, 0, %s, %s, NULL, NULL, NULL, 0, NULL, NULL, NULL, %s)"
+_INSERT_VALUES = "(%s, %s, %s, %s, %s, %s, %s, 0, %s, %s, NULL, NULL, NULL, 0, NULL, NULL, NULL, %s, %s)"
 _DELIVERY_COLUMNS = (
     "message_id", "queue_name", "pathname", "body", "target_base_url", "idempotency_key",
     "attempt", "enqueued_at", "deliveries",
@@ -560,7 +563,7 @@ def _enqueue_batch(cell_name: str, requests: list[EnqueueRequest], now: int | No
             for i in bulk:
                 r = requests[i]
                 params += [cell.pk, r.message_id, r.queue_name, r.pathname, bodies[i], r.target_base_url,
-                           r.idempotency_key, now, due[i], now]
+                           r.idempotency_key, now, due[i], now, r.run_id]
             sql = _INSERT_MESSAGES % ", ".join([_INSERT_VALUES] * len(bulk))
             rows = _rows(sql, params + [cell.pk])
             inserted = {mid for mid, _ in rows}
@@ -604,6 +607,7 @@ def _enqueue_alone(cell: QueueCell, request: EnqueueRequest, now: int, due_at: i
         idempotency_key=request.idempotency_key,
         enqueued_at=now,
         due_at=due_at,
+        run_id=request.run_id,
         **_fresh_lifecycle(now),
     )
     if same is not None:
@@ -674,7 +678,7 @@ def _run_script(sql: str, params: list[Any]) -> list[list[tuple]]:
 
 _ONE_TRIP_VALUES = (
     "(%s::bigint, %s::text, %s::text, %s::text, %s::text, %s::text, %s::text, 0, %s::bigint, %s::bigint, "
-    "NULL::bigint, NULL::varchar, NULL::bigint, 0, NULL::text, NULL::integer, NULL::bigint, %s::bigint)"
+    "NULL::bigint, NULL::varchar, NULL::bigint, 0, NULL::text, NULL::integer, NULL::bigint, %s::bigint, %s::text)"
 )
 _ONE_TRIP_ENQUEUE = (
     f'BEGIN; SET LOCAL synchronous_commit TO OFF; '
@@ -682,7 +686,7 @@ _ONE_TRIP_ENQUEUE = (
     f'WITH "ins" AS (INSERT INTO "{_M}" ("cell_id", "message_id", "queue_name", "pathname", "body", '
     f'"target_base_url", "idempotency_key", "attempt", "enqueued_at", "due_at", "inflight_deadline", '
     f'"claim_token", "delivery_started_at", "deliveries", "last_error", "last_status", "last_attempt_at", '
-    f'"updated_at") SELECT * FROM (VALUES %s) AS "v" '
+    f'"updated_at", "run_id") SELECT * FROM (VALUES %s) AS "v" '
     f'WHERE EXISTS (SELECT 1 FROM "{_C}" WHERE "id" = %%s AND "name" = %%s AND "queue_shards" = %%s) '
     f'ON CONFLICT DO NOTHING RETURNING "message_id", "due_at"), '
     # armAlarmAtMost(min due of the inserted rows, now), §7.8
@@ -743,7 +747,7 @@ def _enqueue_in_one_trip(cell_name: str, requests: list[EnqueueRequest]) -> list
         r = requests[i]
         due_at = clamp_ms(now + max(0, r.delay_seconds or 0) * 1000)
         params += [cell_id, r.message_id, r.queue_name, r.pathname, codec.encode(r.body), r.target_base_url,
-                   r.idempotency_key, now, due_at, now]
+                   r.idempotency_key, now, due_at, now, r.run_id]
     params += [cell_id, cell_name, shards, now, now, now, now, cell_id, cell_id]
     sql = _ONE_TRIP_ENQUEUE % ", ".join([_ONE_TRIP_VALUES] * len(bulk))
     locked, [(inserted, alarm_at, inflight)], _ = _run_script(sql, params)
@@ -1200,6 +1204,7 @@ def _retry(cell: QueueCell, r: OutcomeRequest, now: int) -> str | None:
         pathname=row.pathname, body=codec.encode(row.body), target_base_url=row.target_base_url,
         idempotency_key=row.idempotency_key, attempt=attempt, enqueued_at=row.enqueued_at,
         last_error=reason, last_status=r.status, deliveries=row.deliveries, failed_at=now,
+        run_id=run_of_message(row.queue_name, row.body),
     )
     return "dead-lettered"
 
@@ -1456,6 +1461,7 @@ def redrive_dead_letter(cell_name: str, message_id: str, now: int | None = None)
             idempotency_key=dead.idempotency_key,
             enqueued_at=dead.enqueued_at,
             due_at=now,
+            run_id=dead.run_id,
             **_fresh_lifecycle(now),
         )
         if same is not None:

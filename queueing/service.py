@@ -34,6 +34,7 @@ from typing import Any
 from worldcell.errors import ValidationError
 
 from . import machine
+from .runref import run_of_message
 
 __all__ = ["QueueCell"]
 
@@ -127,6 +128,7 @@ def parse_enqueue_request(request: Any) -> machine.EnqueueRequest:
         queue_shards=shards,
         idempotency_key=key,
         delay_seconds=delay,
+        run_id=run_of_message(queue_name, body),
     )
 
 
@@ -142,8 +144,24 @@ class QueueCell:
         self.name = _storable(name, "cell name", CELL_NAME_MAX_BYTES)
 
     def enqueue(self, request: Any = None) -> dict[str, Any]:
-        """``enqueue([request])`` -> ``{"ok":true,"messageId","deduped"}`` or CONFIG_MISMATCH (§4.4, §7.3)."""
-        return machine.enqueue(self.name, parse_enqueue_request(request))
+        """``enqueue([request])`` -> ``{"ok":true,"messageId","deduped"}`` or CONFIG_MISMATCH (§4.4, §7.3).
+
+        A message of an expired run is refused with ``{"ok":false,"code":"RUN_EXPIRED",…}``
+        and a stored workflow message is remembered for stuck-run repair
+        (docs/lifecycle.md; ``cells.lifecycle`` and ``cells.repair``).
+        """
+        parsed = parse_enqueue_request(request)
+        if parsed.run_id is not None:
+            from cells import lifecycle, repair
+
+            refused = lifecycle.refuse_enqueue(parsed.run_id)
+            if refused is not None:
+                return refused
+            answer = machine.enqueue(self.name, parsed)
+            if answer.get("ok") and not answer.get("deduped"):
+                repair.remember_flow_message(self.name, parsed)
+            return answer
+        return machine.enqueue(self.name, parsed)
 
     def stats(self) -> dict[str, Any]:
         """``stats([])`` -> ``{"pending","inflight","deadLetters","alarmAt"}`` (§7.9)."""

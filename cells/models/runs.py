@@ -208,6 +208,10 @@ class RunCellState(models.Model):
     name = models.TextField(help_text="cell name = run id")
     event_sequence = models.BigIntegerField(default=0, help_text="last event sequence number handed out")
     schema_version = models.PositiveSmallIntegerField(default=3)
+    # Retention fence (docs/lifecycle.md "Tombstones"): set, under this row's lock,
+    # in the transaction that writes the run's tombstone; never cleared. The row
+    # itself is never deleted, so a late event finds it and answers RUN_EXPIRED.
+    expired = models.BooleanField(default=False, db_default=False, help_text="the run expired (see its tombstone)")
 
     class Meta:
         verbose_name = "run cell"
@@ -271,6 +275,7 @@ class Run(EntityRow, models.Model):
             models.Index(fields=["workflow_name"], name="cells_run_workflow_idx"),
             models.Index(fields=["deployment_id"], name="cells_run_deployment_idx"),
             models.Index(fields=["created_at"], name="cells_run_created_idx"),
+            models.Index(fields=["completed_at"], name="cells_run_completed_idx"),  # retention (cells.lifecycle)
         ]
 
     def __str__(self) -> str:
@@ -459,8 +464,9 @@ _HOOK = Hook._meta.db_table
 _MARKER = HookMarker._meta.db_table
 _EVENT = Event._meta.db_table
 
-#: The id of the cell named by the next parameter.
-_CELL_ID = f'(SELECT "id" FROM "{_CELL}" WHERE "name" = %s)'
+#: The id of the cell named by the next parameter; none for an expired run (its
+#: data may be half deleted: docs/lifecycle.md "Tombstones").
+_CELL_ID = f'(SELECT "id" FROM "{_CELL}" WHERE "name" = %s AND NOT "expired")'
 #: Create-if-missing without burning an identity value when the row exists.
 _CREATE_CELL = (
     f'INSERT INTO "{_CELL}" ("name", "event_sequence", "schema_version") '
@@ -487,7 +493,7 @@ _INSERT_EVENT = (
 )
 _GET_RUN = (
     f'SELECT {Run.select_columns("r")} FROM "{_RUN}" r JOIN "{_CELL}" c ON c."id" = r."cell_id" '
-    'WHERE c."name" = %s'
+    'WHERE c."name" = %s AND NOT c."expired"'
 )
 _GET_STEP = f'SELECT {Step.select_columns("s")} FROM "{_STEP}" s WHERE s."run_id" = {_CELL_ID} AND s."step_id" = %s'
 _GET_EVENT = f'SELECT "body" FROM "{_EVENT}" WHERE "run_id" = {_CELL_ID} AND "event_id" = %s'
@@ -521,7 +527,7 @@ def _load_sql(run: str | None, step: bool, hook: bool, marker: bool) -> str:
     Join parameters come first in the order step id, hook id, hook id
     (marker), then the cell name.
     """
-    columns = ['c."id"', 'c."event_sequence"']
+    columns = ['c."id"', 'c."event_sequence"', 'c."expired"']
     joins = []
     if run is not None:
         columns.append(Run.select_columns("r") if run == "full" else 'r."status", r."spec_version"')
@@ -804,6 +810,7 @@ class LockedRunCell:
         self.name = name
         self.pk: int | None = None
         self.event_sequence = 0
+        self.expired = False  # the cell's retention fence (cells.lifecycle); checked by RunCell
         self._db = db = database()
         self._inline = inline
         self._batched = batches_statements(db)
@@ -875,8 +882,8 @@ class LockedRunCell:
                 self._hooks[hook_id] = None
                 self._markers[hook_id] = False
             return
-        self.pk, self.event_sequence = row[0], row[1]
-        at = 2
+        self.pk, self.event_sequence, self.expired = row[0], row[1], bool(row[2])
+        at = 3
         if run is not None:
             width = len(Run.MEMBERS) if run == "full" else 2
             values = row[at:at + width]

@@ -1,0 +1,755 @@
+"""Run retention: tombstones, bounded resumable cleanup sweeps, and the guards (docs/lifecycle.md).
+
+Policy (``Policy``): terminal runs expire ``WORLDCELL_RUN_RETENTION`` after
+they completed/failed/were cancelled; every run expires ``WORLDCELL_MAX_RUN_AGE``
+after it was created; when both apply the earlier deadline wins; both are
+off by default (docs/lifecycle.md "Policies").
+
+Expiry of one run (``expire_run``), in ONE short transaction under the run
+cell's row lock: write its ``RunTombstone`` (phase ``hooks``), set
+``RunCellState.expired`` and delete its two listing keys (``run:`` and
+``runall:``). From that commit on every read of the run answers
+``RunExpiredError`` (HTTP 410), every ``applyEvent`` the ``RUN_EXPIRED``
+outcome, listings no longer see it — whatever of its data is still there.
+Then ``clean_run`` deletes the data in pages of at most ``PAGE`` rows, one
+short transaction per page that also records the progress on the tombstone,
+phase by phase (``CLEANUP_PHASES``): hooks (and their index entries), events
+(and their ``correlation:`` keys), steps, stream chunks and registry, queue
+messages and dead letters, the run row, then a ``settle`` phase that repeats
+the listing-key and queue deletions once ``SETTLE_MS`` have passed (for
+writes that were already in flight when the tombstone was written). Every
+phase deletes "what is left", so a crash at any line resumes where it
+stopped and no step is ever done twice with a different result.
+
+Guards (``RunExpired``, ``expired_outcome``, ``raise_if_expired``,
+``put_index_unless_expired``, ``refuse_enqueue``) are called from the cell
+services at single, delimited hook points.
+"""
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass, field
+from datetime import datetime, timedelta
+from typing import Any, Iterable
+from urllib.parse import quote
+
+from django.conf import settings
+from django.db import connection, transaction
+from django.db.models import F
+
+from queueing.runref import run_of_message  # noqa: F401 - re-exported
+from worldcell import clock, codec
+from worldcell.errors import CellError
+
+from .models import (
+    Event,
+    Hook,
+    HookMarker,
+    IndexEntry,
+    LifecycleState,
+    Run,
+    RunCellState,
+    RunTombstone,
+    Step,
+    Stream,
+    StreamChunk,
+    StreamRegistration,
+)
+from .models.tombstone import CLEANUP_PHASES, FlowMessageRecord, RunRepair
+
+log = logging.getLogger("cells.lifecycle")
+
+__all__ = [
+    "PAGE",
+    "Policy",
+    "RunExpired",
+    "SweepReport",
+    "clean_run",
+    "expire_run",
+    "expired_outcome",
+    "is_expired",
+    "policy",
+    "put_index_unless_expired",
+    "raise_if_expired",
+    "refuse_enqueue",
+    "run_of_index_key",
+    "run_of_message",
+    "status",
+    "sweep",
+]
+
+TERMINAL_STATUSES = ("completed", "failed", "cancelled")
+#: Rows deleted per statement and transaction (docs/lifecycle.md "Bounded work").
+PAGE = 500
+#: Pages one sweep tick may spend in total before it leaves the rest to the next tick.
+PAGES_PER_TICK = 4_000
+#: The index cell the reference client writes its listing/correlation/hook keys to.
+INDEX_CELL = "index"
+#: Seconds a sweep holds its lease (another sweep meanwhile does nothing).
+LEASE_S = 300
+
+
+def settle_ms() -> int:
+    """Milliseconds between a run's tombstone and its final ``settle`` pass (default 60 000).
+
+    Longer than any single RPC already in flight when the tombstone was written
+    needs to land (the client's index puts follow its applyEvent at once).
+    """
+    return int(getattr(settings, "WORLDCELL_RETENTION_SETTLE_MS", 60_000))
+
+
+# =========================================================================== policy
+
+
+@dataclass(frozen=True)
+class Policy:
+    """The retention settings (docs/lifecycle.md "Policies"); durations in ms, None = off."""
+
+    retention_ms: int | None
+    max_age_ms: int | None
+    batch: int
+
+    @property
+    def enabled(self) -> bool:
+        return self.retention_ms is not None or self.max_age_ms is not None
+
+    def deadline(self, status: str, created_at: datetime, completed_at: datetime | None) -> tuple[datetime, str] | None:
+        """``(expires_at, reason)`` of a run by this policy, or None when no policy applies.
+
+        ``reason`` is ``terminal-retention`` or ``maximum-age``; the earlier deadline wins.
+        """
+        found: list[tuple[datetime, str]] = []
+        if self.retention_ms is not None and status in TERMINAL_STATUSES and completed_at is not None:
+            found.append((completed_at + timedelta(milliseconds=self.retention_ms), "terminal-retention"))
+        if self.max_age_ms is not None:
+            found.append((created_at + timedelta(milliseconds=self.max_age_ms), "maximum-age"))
+        return min(found, key=lambda f: f[0]) if found else None
+
+
+def policy() -> Policy:
+    """The policy from the settings (``WORLDCELL_RUN_RETENTION``, ``WORLDCELL_MAX_RUN_AGE``, batch)."""
+    return Policy(
+        retention_ms=getattr(settings, "WORLDCELL_RUN_RETENTION_MS", None),
+        max_age_ms=getattr(settings, "WORLDCELL_MAX_RUN_AGE_MS", None),
+        batch=min(1000, max(1, int(getattr(settings, "WORLDCELL_RETENTION_BATCH", 128)))),
+    )
+
+
+# =========================================================================== guards
+
+
+def expired_message(run_id: str, expired_at: datetime) -> str:
+    """The RunExpiredError message (as world-celld 0.4 words it)."""
+    return f'Workflow run "{run_id}" expired at {codec.format_iso(expired_at)}'
+
+
+class RunExpired(CellError):
+    """A call on an expired run: HTTP 410 ``{"error":{"name":"RunExpiredError","message":…,"status":410}}``.
+
+    The v0.1 client rebuilds it as an error named ``RunExpiredError`` with
+    ``status`` 410, which its queue handler treats as permanent (the message
+    is dropped, not retried): docs/lifecycle.md "What an expired run answers".
+    """
+
+    http_status = 410
+
+    def __init__(self, run_id: str, expired_at: datetime):
+        super().__init__(expired_message(run_id, expired_at), name="RunExpiredError", status=410)
+        self.run_id = run_id
+
+
+def _rows(sql: str, params: Iterable[Any]) -> list[tuple]:
+    with connection.cursor() as cur:
+        cur.execute(sql, list(params))
+        return cur.fetchall() if cur.description is not None else []
+
+
+def _rowcount(sql: str, params: Iterable[Any]) -> int:
+    with connection.cursor() as cur:
+        cur.execute(sql, list(params))
+        return cur.rowcount
+
+
+_T = RunTombstone._meta.db_table
+_CELL = RunCellState._meta.db_table
+_IDX = IndexEntry._meta.db_table
+_EXPIRED_AT = f'SELECT "expired_at" FROM "{_T}" WHERE "run_id" = %s'
+_IS_EXPIRED = f'SELECT 1 FROM "{_CELL}" WHERE "name" = %s AND "expired"'
+
+
+def expired_at_of(run_id: str) -> datetime | None:
+    """When run ``run_id`` expired (its tombstone's ``expired_at``), or None if it has no tombstone."""
+    rows = _rows(_EXPIRED_AT, [run_id])
+    return codec.to_utc_ms(rows[0][0]) if rows else None
+
+
+def is_expired(run_id: str) -> bool:
+    """Whether run ``run_id`` is behind its retention fence (one indexed lookup)."""
+    return bool(_rows(_IS_EXPIRED, [run_id]))
+
+
+def raise_if_expired(run_id: str) -> None:
+    """Raise ``RunExpired`` (410) when run ``run_id`` has a tombstone; else return."""
+    expired_at = expired_at_of(run_id)
+    if expired_at is not None:
+        raise RunExpired(run_id, expired_at)
+
+
+def expired_outcome(run_id: str) -> dict[str, Any]:
+    """The ``applyEvent`` answer for an expired run: ``{"ok":false,"code":"RUN_EXPIRED",…}`` (§4.5)."""
+    expired_at = expired_at_of(run_id) or clock.now()
+    return {"ok": False, "code": "RUN_EXPIRED", "message": expired_message(run_id, expired_at)}
+
+
+#: Index key families that name their run in the last ``:`` segment (client conventions, §4.3).
+_RUN_SCOPED_PREFIXES = ("run:", "runall:", "correlation:")
+
+
+def run_of_index_key(key: str) -> str | None:
+    """The run a listing/correlation key belongs to (``run:<wf>:<ms13>:<runId>``,
+    ``runall:<ms13>:<runId>``, ``correlation:<id>:<ms13>:<eventId>:<runId>``), or None."""
+    if not key.startswith(_RUN_SCOPED_PREFIXES):
+        return None
+    run_id = key.rsplit(":", 1)[-1]
+    return run_id or None
+
+
+_PUT_UNLESS_EXPIRED = (
+    f'INSERT INTO "{_IDX}" ("cell", "key", "value") SELECT %s, %s, %s '
+    f'WHERE NOT EXISTS (SELECT 1 FROM "{_CELL}" WHERE "name" = %s AND "expired") '
+    'ON CONFLICT ("cell", "key") DO UPDATE SET "value" = excluded."value"'
+)
+
+
+def put_index_unless_expired(cell: str, key: str, text: str, run_id: str) -> None:
+    """``index.put`` of a run-scoped key: one upsert that does nothing for an expired run.
+
+    Raises ``RunExpired`` (410) when the run is expired, so a late index write
+    (the client re-puts listing keys after each applyEvent) can never bring an
+    expired run back into a listing.
+    """
+    if _rowcount(_PUT_UNLESS_EXPIRED, [cell, key, text, run_id]) == 0:
+        raise RunExpired(run_id, expired_at_of(run_id) or clock.now())
+
+
+def refuse_enqueue(run_id: str | None) -> dict[str, Any] | None:
+    """The ``enqueue`` answer for a message of an expired run (``{"ok":false,"code":"RUN_EXPIRED",…}``), or None."""
+    if run_id is None:
+        return None
+    expired_at = expired_at_of(run_id)
+    if expired_at is None:
+        return None
+    return {"ok": False, "code": "RUN_EXPIRED", "message": expired_message(run_id, expired_at)}
+
+
+# =========================================================================== expiry
+
+
+def _ms13(value: datetime) -> str:
+    return str(max(0, codec.epoch_ms(value))).zfill(13)
+
+
+def listing_keys(run_id: str, workflow_name: str, created_at: datetime) -> list[str]:
+    """The client's two listing keys of a run (``run:<wf>:<ms13>:<id>``, ``runall:<ms13>:<id>``)."""
+    ms = _ms13(created_at)
+    return [f"run:{workflow_name}:{ms}:{run_id}", f"runall:{ms}:{run_id}"]
+
+
+def correlation_key(correlation_id: str, created_at: datetime, event_id: str, run_id: str) -> str:
+    """The client's correlation index key of one event (``encodeURIComponent`` of the id)."""
+    encoded = quote(correlation_id, safe="-_.!~*'()")
+    return f"correlation:{encoded}:{_ms13(created_at)}:{event_id}:{run_id}"
+
+
+def _lock_cell(run_id: str) -> tuple[int, bool] | None:
+    """Lock run cell ``run_id`` (PostgreSQL ``FOR UPDATE``; SQLite's transaction already excludes writers)."""
+    lock = " FOR UPDATE" if connection.vendor == "postgresql" else ""
+    rows = _rows(f'SELECT "id", "expired" FROM "{_CELL}" WHERE "name" = %s{lock}', [run_id])
+    return (rows[0][0], bool(rows[0][1])) if rows else None
+
+
+def expire_run(run_id: str, now: datetime | None = None, *, reason: str | None = None, pol: Policy | None = None) -> bool:
+    """Write run ``run_id``'s tombstone and fence it, in one transaction under its cell lock.
+
+    Args:
+        run_id: the run id.
+        now: the sweep's time (default: the clock).
+        reason: ``manual`` to expire regardless of the policy; None = only when
+            the policy's deadline (re-read under the lock) has passed.
+        pol: the policy (default: ``policy()``).
+
+    Returns True when this call expired the run; False when it was already
+    expired, does not exist, or is not due (e.g. it was still active and only
+    terminal retention applies).
+    """
+    now = now or clock.now()
+    pol = pol or policy()
+    with transaction.atomic():
+        locked = _lock_cell(run_id)
+        if locked is None or locked[1]:
+            return False
+        cell_id = locked[0]
+        run = (
+            Run.objects.filter(cell_id=cell_id)
+            .values("status", "workflow_name", "deployment_id", "created_at", "started_at", "completed_at", "updated_at")
+            .first()
+        )
+        if run is None:
+            return False
+        if reason == "manual":
+            expires_at = now
+        else:
+            due = pol.deadline(run["status"], run["created_at"], run["completed_at"])
+            if due is None or due[0] > now:
+                return False
+            expires_at, reason = due
+        RunTombstone.objects.create(
+            run_id=run_id, workflow_name=run["workflow_name"], deployment_id=run["deployment_id"],
+            status=run["status"], created_at=run["created_at"], started_at=run["started_at"],
+            completed_at=run["completed_at"], updated_at=run["updated_at"], expired_at=expires_at,
+            tombstoned_at=now, reason=reason, phase=CLEANUP_PHASES[0],
+            deleted={"index": _delete_index_keys(listing_keys(run_id, run["workflow_name"], run["created_at"]))},
+        )
+        RunCellState.objects.filter(pk=cell_id).update(expired=True)
+    return True
+
+
+def _delete_index_keys(keys: list[str]) -> int:
+    if not keys:
+        return 0
+    marks = ", ".join(["%s"] * len(keys))
+    return _rowcount(f'DELETE FROM "{_IDX}" WHERE "cell" = %s AND "key" IN ({marks})', [INDEX_CELL, *keys])
+
+
+# =========================================================================== cleanup
+
+
+class _Budget:
+    """Pages a sweep tick may still spend."""
+
+    def __init__(self, pages: int):
+        self.left = pages
+
+    def take(self) -> bool:
+        if self.left <= 0:
+            return False
+        self.left -= 1
+        return True
+
+
+def _progress(tomb_pk: int, phase: str, tallies: dict[str, int]) -> None:
+    """Record the next phase and add ``tallies`` to the tombstone (inside the page's transaction)."""
+    tomb = RunTombstone.objects.select_for_update().get(pk=tomb_pk)
+    deleted = dict(tomb.deleted)
+    for kind, n in tallies.items():
+        if n:
+            deleted[kind] = deleted.get(kind, 0) + n
+    RunTombstone.objects.filter(pk=tomb_pk).update(phase=phase, deleted=deleted)
+
+
+_EV = Event._meta.db_table
+_HK = Hook._meta.db_table
+_MK = HookMarker._meta.db_table
+_ST = Step._meta.db_table
+_RN = Run._meta.db_table
+_STREAM = Stream._meta.db_table
+_CHUNK = StreamChunk._meta.db_table
+_REG = StreamRegistration._meta.db_table
+
+
+def _phase_hooks(run_id: str, cell_id: int, tomb_pk: int, budget: _Budget) -> bool:
+    """Live hooks: their ``hook:``/``hookid:``/``hookclaim:`` index entries, then the rows; then markers."""
+    from .index import IndexCell
+
+    index = IndexCell(INDEX_CELL)
+    while budget.take():
+        hooks = _rows(f'SELECT "id", "hook_id", "token" FROM "{_HK}" WHERE "run_id" = %s ORDER BY "id" LIMIT %s',
+                      [cell_id, PAGE])
+        for _, hook_id, token in hooks:  # each its own short transaction under the token's lock (§6.3)
+            index.delete_hook_indexes(token, hook_id, {"runId": run_id, "hookId": hook_id})
+        with transaction.atomic():
+            n = _delete_ids(_HK, [h[0] for h in hooks])
+            markers = 0
+            if len(hooks) < PAGE:
+                markers = _rowcount(
+                    f'DELETE FROM "{_MK}" WHERE "id" IN (SELECT "id" FROM "{_MK}" WHERE "run_id" = %s LIMIT %s)',
+                    [cell_id, PAGE],
+                )
+            done = len(hooks) < PAGE and markers < PAGE
+            _progress(tomb_pk, "events" if done else "hooks", {"hooks": n, "hook_markers": markers})
+        if done:
+            return True
+    return False
+
+
+def _delete_ids(table: str, ids: list[int]) -> int:
+    if not ids:
+        return 0
+    marks = ", ".join(["%s"] * len(ids))
+    return _rowcount(f'DELETE FROM "{table}" WHERE "id" IN ({marks})', ids)
+
+
+def _phase_events(run_id: str, cell_id: int, tomb_pk: int, budget: _Budget) -> bool:
+    """Events in log order, each page with the ``correlation:`` index keys of its events."""
+    while budget.take():
+        with transaction.atomic():
+            rows = _rows(
+                f'SELECT "id", "event_id", "correlation_id", "created_at" FROM "{_EV}" '
+                f'WHERE "run_id" = %s ORDER BY "event_id" LIMIT %s',
+                [cell_id, PAGE],
+            )
+            keys = [correlation_key(c, codec.to_utc_ms(t), e, run_id) for _, e, c, t in rows if c is not None]
+            idx = _delete_index_keys(keys)
+            n = _delete_ids(_EV, [r[0] for r in rows])
+            done = len(rows) < PAGE
+            _progress(tomb_pk, "steps" if done else "events", {"events": n, "index": idx})
+        if done:
+            return True
+    return False
+
+
+def _phase_steps(run_id: str, cell_id: int, tomb_pk: int, budget: _Budget) -> bool:
+    while budget.take():
+        with transaction.atomic():
+            n = _rowcount(
+                f'DELETE FROM "{_ST}" WHERE "id" IN (SELECT "id" FROM "{_ST}" WHERE "run_id" = %s LIMIT %s)',
+                [cell_id, PAGE],
+            )
+            done = n < PAGE
+            _progress(tomb_pk, "streams" if done else "steps", {"steps": n})
+        if done:
+            return True
+    return False
+
+
+def _phase_streams(run_id: str, cell_id: int, tomb_pk: int, budget: _Budget) -> bool:
+    """Each registered stream: its chunks in pages, then the stream is closed (kept as a fence); then the registry."""
+    registry = f"run-streams:{run_id}"
+    while budget.take():
+        names = _rows(f'SELECT "id", "name" FROM "{_REG}" WHERE "cell" = %s ORDER BY "name" LIMIT %s',
+                      [registry, PAGE])
+        if not names:
+            with transaction.atomic():
+                _progress(tomb_pk, "queue", {})
+            return True
+        for reg_id, name in names:
+            stream = _rows(f'SELECT "id" FROM "{_STREAM}" WHERE "name" = %s', [f"stream:{name}"])
+            if stream:
+                stream_id = stream[0][0]
+                while True:
+                    if not budget.take():
+                        return False
+                    with transaction.atomic():
+                        n = _rowcount(
+                            f'DELETE FROM "{_CHUNK}" WHERE "id" IN '
+                            f'(SELECT "id" FROM "{_CHUNK}" WHERE "stream_id" = %s LIMIT %s)',
+                            [stream_id, PAGE],
+                        )
+                        _progress(tomb_pk, "streams", {"stream_chunks": n})
+                    if n < PAGE:
+                        break
+                # a closed stream refuses late writes ("Cannot write to a closed stream")
+                _rowcount(f'UPDATE "{_STREAM}" SET "closed" = %s WHERE "id" = %s', [True, stream_id])
+            with transaction.atomic():
+                _delete_ids(_REG, [reg_id])
+                _progress(tomb_pk, "streams", {"streams": 1})
+    return False
+
+
+def _delete_queue_rows(run_id: str, budget: _Budget) -> tuple[int, int, bool]:
+    """Delete the run's queue messages and dead letters, each page under its queue cell's lock.
+
+    Returns ``(messages, dead letters, finished)``.
+    """
+    from queueing.models import DeadLetter, Message, QueueCell
+
+    lock = " FOR UPDATE" if connection.vendor == "postgresql" else ""
+    totals = [0, 0]
+    for i, model in enumerate((Message, DeadLetter)):
+        table = model._meta.db_table
+        while True:
+            rows = _rows(f'SELECT "id", "cell_id" FROM "{table}" WHERE "run_id" = %s ORDER BY "id" LIMIT %s',
+                         [run_id, PAGE])
+            if not rows:
+                break
+            if not budget.take():
+                return totals[0], totals[1], False
+            by_cell: dict[int, list[int]] = {}
+            for pk, cell_id in rows:
+                by_cell.setdefault(cell_id, []).append(pk)
+            for cell_id, ids in sorted(by_cell.items()):
+                with transaction.atomic():
+                    _rows(f'SELECT "id" FROM "{QueueCell._meta.db_table}" WHERE "id" = %s{lock}', [cell_id])
+                    marks = ", ".join(["%s"] * len(ids))
+                    totals[i] += _rowcount(
+                        f'DELETE FROM "{table}" WHERE "id" IN ({marks}) AND "run_id" = %s', [*ids, run_id]
+                    )
+            if len(rows) < PAGE:
+                break
+    return totals[0], totals[1], True
+
+
+def _phase_queue(run_id: str, cell_id: int, tomb_pk: int, budget: _Budget) -> bool:
+    messages, dead, done = _delete_queue_rows(run_id, budget)
+    with transaction.atomic():
+        _progress(tomb_pk, "run" if done else "queue", {"messages": messages, "dead_letters": dead})
+    return done
+
+
+def _phase_run(run_id: str, cell_id: int, tomb_pk: int, budget: _Budget) -> bool:
+    """The run row (its payloads: input, output, error, executionContext) and the repair records."""
+    if not budget.take():
+        return False
+    with transaction.atomic():
+        n = _rowcount(f'DELETE FROM "{_RN}" WHERE "cell_id" = %s', [cell_id])
+        FlowMessageRecord.objects.filter(run_id=run_id).delete()
+        RunRepair.objects.filter(run_id=run_id).delete()
+        _progress(tomb_pk, "settle", {"runs": n})
+    return True
+
+
+def _phase_settle(run_id: str, cell_id: int, tomb_pk: int, budget: _Budget, now: datetime) -> bool:
+    """Once ``settle_ms`` have passed since the tombstone: repeat the listing-key and queue deletions, finish."""
+    tomb = RunTombstone.objects.get(pk=tomb_pk)
+    if codec.to_utc_ms(tomb.tombstoned_at) + timedelta(milliseconds=settle_ms()) > now:
+        return False
+    messages, dead, done = _delete_queue_rows(run_id, budget)
+    if not done or not budget.take():
+        return False
+    with transaction.atomic():
+        idx = _delete_index_keys(listing_keys(run_id, tomb.workflow_name, codec.to_utc_ms(tomb.created_at)))
+        _progress(tomb_pk, "done", {"index": idx, "messages": messages, "dead_letters": dead})
+        RunTombstone.objects.filter(pk=tomb_pk).update(cleaned_at=clock.now())
+    return True
+
+
+_PHASES = {
+    "hooks": _phase_hooks,
+    "events": _phase_events,
+    "steps": _phase_steps,
+    "streams": _phase_streams,
+    "queue": _phase_queue,
+    "run": _phase_run,
+}
+
+
+def clean_run(run_id: str, now: datetime | None = None, *, pages: int = PAGES_PER_TICK) -> bool:
+    """Continue the cleanup of expired run ``run_id`` from its tombstone's phase; True when finished.
+
+    Stops early (False) when ``pages`` are used up or the ``settle`` phase is
+    not due yet; a later call continues. Raises nothing for a run without a
+    tombstone (returns False).
+    """
+    now = now or clock.now()
+    tomb = RunTombstone.objects.filter(run_id=run_id).values("pk", "phase").first()
+    cell = RunCellState.objects.filter(name=run_id).values_list("pk", flat=True).first()
+    if tomb is None or cell is None:
+        return False
+    if tomb["phase"] == "done":
+        return True
+    RunTombstone.objects.filter(pk=tomb["pk"]).update(attempts=F("attempts") + 1)
+    budget = _Budget(pages)
+    phase = tomb["phase"]
+    try:
+        while phase != "done":
+            if phase == "settle":
+                return _phase_settle(run_id, cell, tomb["pk"], budget, now)
+            if not _PHASES[phase](run_id, cell, tomb["pk"], budget):
+                return False
+            phase = CLEANUP_PHASES[CLEANUP_PHASES.index(phase) + 1]
+    except Exception as exc:
+        RunTombstone.objects.filter(pk=tomb["pk"]).update(last_error=f"{type(exc).__name__}: {exc}"[:2000])
+        raise
+    return True
+
+
+# =========================================================================== the sweep
+
+
+@dataclass
+class SweepReport:
+    """What one sweep did (``sweep``); times in epoch ms, ``rate`` in runs/s."""
+
+    started_at: int
+    finished_at: int = 0
+    enabled: bool = True
+    busy: bool = False
+    dry_run: bool = False
+    expired: int = 0
+    cleaned: int = 0
+    resumed: int = 0
+    waiting: int = 0
+    stragglers: int = 0
+    failed: int = 0
+    more: bool = False
+    candidates: list[dict[str, Any]] = field(default_factory=list)
+
+    @property
+    def rate(self) -> float:
+        seconds = max(0.001, (self.finished_at - self.started_at) / 1000)
+        return round(self.expired / seconds, 1)
+
+    def as_dict(self) -> dict[str, Any]:
+        return {
+            "startedAt": self.started_at, "finishedAt": self.finished_at, "enabled": self.enabled,
+            "busy": self.busy, "dryRun": self.dry_run, "expired": self.expired, "cleaned": self.cleaned,
+            "resumed": self.resumed, "waiting": self.waiting, "stragglers": self.stragglers,
+            "failed": self.failed, "more": self.more, "rate": self.rate,
+        }
+
+
+def due_runs(now: datetime, limit: int, pol: Policy | None = None) -> list[dict[str, Any]]:
+    """Up to ``limit`` runs whose deadline has passed, not yet expired: ``{runId, status, expiresAt, reason}``.
+
+    Two index range scans (``completed_at`` for terminal retention,
+    ``created_at`` for the maximum age); each candidate's deadline is
+    recomputed under its lock by ``expire_run``.
+    """
+    pol = pol or policy()
+    found: dict[str, dict[str, Any]] = {}
+    select = (
+        f'SELECT c."name", r."status", r."created_at", r."completed_at" FROM "{_RN}" r '
+        f'JOIN "{_CELL}" c ON c."id" = r."cell_id" WHERE NOT c."expired" AND '
+    )
+    queries = []
+    if pol.retention_ms is not None:
+        cutoff = now - timedelta(milliseconds=pol.retention_ms)
+        queries.append((select + 'r."completed_at" <= %s AND r."status" IN (%s, %s, %s) ORDER BY r."completed_at" LIMIT %s',
+                        [cutoff, *TERMINAL_STATUSES, limit]))
+    if pol.max_age_ms is not None:
+        cutoff = now - timedelta(milliseconds=pol.max_age_ms)
+        queries.append((select + 'r."created_at" <= %s ORDER BY r."created_at" LIMIT %s', [cutoff, limit]))
+    for sql, params in queries:
+        params = [connection.ops.adapt_datetimefield_value(p) if isinstance(p, datetime) else p for p in params]
+        for name, status_, created, completed in _rows(sql, params):
+            due = pol.deadline(status_, codec.to_utc_ms(created), codec.to_utc_ms(completed) if completed else None)
+            if due is None or due[0] > now:
+                continue
+            prev = found.get(name)
+            if prev is None or due[0] < prev["expiresAt"]:
+                found[name] = {"runId": name, "status": status_, "expiresAt": due[0], "reason": due[1]}
+    return sorted(found.values(), key=lambda r: r["expiresAt"])[:limit]
+
+
+def _take_lease(kind: str, now_ms: int) -> bool:
+    LifecycleState.objects.get_or_create(kind=kind)
+    return bool(
+        _rowcount(
+            f'UPDATE "{LifecycleState._meta.db_table}" SET "last_started_at" = %s '
+            'WHERE "kind" = %s AND ("last_started_at" IS NULL OR "last_finished_at" >= "last_started_at" '
+            'OR "last_started_at" < %s)',
+            [now_ms, kind, now_ms - LEASE_S * 1000],
+        )
+    )
+
+
+def _finish(kind: str, report: dict[str, Any], now_ms: int) -> None:
+    LifecycleState.objects.filter(kind=kind).update(last_finished_at=now_ms, last_result=report)
+
+
+def sweep(now: datetime | None = None, *, batch: int | None = None, dry_run: bool = False) -> SweepReport:
+    """One retention sweep tick (beat, the dev fleet's ticker, ``manage.py retention --now``).
+
+    Order: finish up to ``batch`` unfinished cleanups (oldest tombstone
+    first), then expire and clean due runs up to the rest of ``batch``, then
+    delete up to ``PAGE`` queue messages/dead letters that arrived for
+    already-expired runs. Bounded: at most ``batch`` (≤ 1000) runs and
+    ``PAGES_PER_TICK`` pages. ``report.more`` says a full batch was found
+    (the caller may tick again at once). ``dry_run`` only lists the due
+    runs (``report.candidates``) and writes nothing. A sweep that finds
+    another one running (its lease) does nothing (``report.busy``).
+    """
+    pol = policy()
+    now = now or clock.now()
+    batch = min(1000, max(1, batch or pol.batch))
+    report = SweepReport(started_at=clock.now_ms(), enabled=pol.enabled, dry_run=dry_run)
+    if dry_run:
+        report.candidates = due_runs(now, batch, pol) if pol.enabled else []
+        report.finished_at = clock.now_ms()
+        return report
+    if not _take_lease("retention", report.started_at):
+        report.busy = True
+        report.finished_at = clock.now_ms()
+        return report
+    try:
+        budget_pages = PAGES_PER_TICK
+        open_tombs = list(
+            RunTombstone.objects.exclude(phase="done").order_by("tombstoned_at").values_list("run_id", flat=True)[:batch]
+        )
+        for run_id in open_tombs:
+            try:
+                if clean_run(run_id, now, pages=max(1, budget_pages // max(1, batch))):
+                    report.cleaned += 1
+                    report.resumed += 1
+                else:
+                    report.waiting += 1
+            except Exception:  # noqa: BLE001 - logged; the next sweep resumes this run
+                report.failed += 1
+                log.exception("retention: cleanup of %s failed", run_id)
+        left = batch - len(open_tombs)
+        if pol.enabled and left > 0:
+            due = due_runs(now, left, pol)
+            report.more = len(due) >= left
+            for cand in due:
+                try:
+                    if expire_run(cand["runId"], now, pol=pol):
+                        report.expired += 1
+                        if clean_run(cand["runId"], now, pages=max(1, budget_pages // max(1, batch))):
+                            report.cleaned += 1
+                        else:
+                            report.waiting += 1
+                except Exception:  # noqa: BLE001 - logged; the next sweep resumes this run
+                    report.failed += 1
+                    log.exception("retention: expiry of %s failed", cand["runId"])
+        else:
+            report.more = len(open_tombs) >= batch
+        report.stragglers = _delete_stragglers()
+    finally:
+        report.finished_at = clock.now_ms()
+        _finish("retention", report.as_dict(), report.finished_at)
+    return report
+
+
+def _delete_stragglers() -> int:
+    """Queue messages and dead letters that arrived for runs already expired (at most ``PAGE`` of each)."""
+    from queueing.models import DeadLetter, Message
+
+    total = 0
+    for model in (Message, DeadLetter):
+        table = model._meta.db_table
+        runs = _rows(
+            f'SELECT DISTINCT m."run_id" FROM "{table}" m JOIN "{_CELL}" c ON c."name" = m."run_id" '
+            f'WHERE m."run_id" IS NOT NULL AND c."expired" LIMIT %s',
+            [PAGE],
+        )
+        for (run_id,) in runs:
+            messages, dead, _ = _delete_queue_rows(run_id, _Budget(4))
+            total += messages + dead
+    return total
+
+
+def status() -> dict[str, Any]:
+    """The settings, tombstone counts and last sweep (``manage.py retention``, the queue dashboard)."""
+    pol = policy()
+    state = LifecycleState.objects.filter(kind="retention").first()
+    return {
+        "retentionMs": pol.retention_ms,
+        "maxAgeMs": pol.max_age_ms,
+        "batch": pol.batch,
+        "enabled": pol.enabled,
+        "tombstones": RunTombstone.objects.count(),
+        "cleaning": RunTombstone.objects.exclude(phase="done").count(),
+        "lastStartedAt": state.last_started_at if state else None,
+        "lastFinishedAt": state.last_finished_at if state else None,
+        "lastResult": state.last_result if state else {},
+    }
+
+
+def describe_ms(ms: int | None) -> str:
+    """``30d``, ``12h``, ``90m``, ``45s``, ``500ms`` or ``off``: a policy duration for people."""
+    if ms is None:
+        return "off"
+    for unit, size in (("w", 604_800_000), ("d", 86_400_000), ("h", 3_600_000), ("m", 60_000), ("s", 1000)):
+        if ms >= size and ms % size == 0:
+            return f"{ms // size}{unit}"
+    return f"{ms}ms"
