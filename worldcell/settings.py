@@ -135,6 +135,8 @@ except ValueError:
     raise ImproperlyConfigured("WORLDCELL_RETENTION_BATCH must be an integer from 1 to 1000") from None
 if not 1 <= WORLDCELL_RETENTION_BATCH <= 1000:
     raise ImproperlyConfigured("WORLDCELL_RETENTION_BATCH must be an integer from 1 to 1000")
+# Milliseconds between a run's tombstone and its final "settle" cleanup pass (late in-flight writes).
+WORLDCELL_RETENTION_SETTLE_MS = env.int("WORLDCELL_RETENTION_SETTLE_MS", default=60_000)
 # A run idle (no new event) this long with nothing queued to resume it is re-enqueued; "off" disables.
 WORLDCELL_STUCK_RUN_AFTER_MS = parse_duration_ms(
     env.str("WORLDCELL_STUCK_RUN_AFTER", default="15m"), "WORLDCELL_STUCK_RUN_AFTER"
