@@ -226,13 +226,14 @@ def repair_key(run_id: str, sequence: int) -> str:
 
 
 def _lock(run_id: str) -> tuple | None:
+    """Lock run cell ``run_id`` (``FOR UPDATE OF`` the cell row on PostgreSQL); ``(id, sequence, expired, status)``."""
     lock = " FOR UPDATE" if connection.vendor == "postgresql" else ""
-    rows = _rows(
-        f'SELECT c."id", c."event_sequence", c."expired", r."status" FROM "{_CELL}" c '
-        f'LEFT JOIN "{_RN}" r ON r."cell_id" = c."id" WHERE c."name" = %s{lock}',
-        [run_id],
-    )
-    return rows[0] if rows else None
+    rows = _rows(f'SELECT "id", "event_sequence", "expired" FROM "{_CELL}" WHERE "name" = %s{lock}', [run_id])
+    if not rows:
+        return None
+    # read after the lock is granted (a fresh snapshot: whatever the last holder committed)
+    status = _rows(f'SELECT "status" FROM "{_RN}" WHERE "cell_id" = %s', [rows[0][0]])
+    return (*rows[0], status[0][0] if status else None)
 
 
 #: Test hook: called between finding a run stuck and locking it for the repair.
