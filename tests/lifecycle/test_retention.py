@@ -320,3 +320,85 @@ def test_listing_keys_of_live_runs_are_stored_as_before(rpc):
     run = RunClient(rpc, "wrun_live")
     keys = client_index_puts(rpc, "wrun_live", run.create())
     assert [k["name"] for k in rpc.ok("index", "index", "list", {"prefix": "run"})["keys"]] == sorted(keys)
+
+
+@pytest.mark.postgres_only
+@pytest.mark.django_db(transaction=True)
+def test_concurrent_events_and_reads_never_outlive_the_fence(rpc, retention, settings, monkeypatch):
+    """Writers and readers hammer an active run while the sweep expires it (maximum age) on PostgreSQL.
+
+    Every answer after a thread's first "expired" is "expired" too, no read
+    ever returns a run without its events, and nothing written survives.
+    """
+    import threading
+
+    from django.db import connection as conn
+
+    from cells.runs import RunCell
+    from worldcell.errors import CellError
+
+    settings.WORLDCELL_MAX_RUN_AGE_MS = 0
+    settings.WORLDCELL_RUN_RETENTION_MS = None
+    monkeypatch.setattr(lifecycle, "PAGE", 3)
+    run_id = "wrun_race"
+    populate(rpc, run_id, steps=5, complete=False, chunks=2)
+    stop = threading.Event()
+    errors: list[str] = []
+    seen: dict[str, list[str]] = {}
+
+    def writer(n: int):
+        cell, answers, i = RunCell(run_id), [], 0
+        try:
+            while not stop.is_set():
+                i += 1
+                out = cell.apply_event({"runId": run_id, "data": {"eventType": "step_created",
+                                                                   "correlationId": f"w{n}_{i}",
+                                                                   "eventData": {"stepName": "s"}}})
+                answers.append("ok" if out["ok"] else out["code"])
+        except BaseException as exc:  # noqa: BLE001
+            errors.append(repr(exc))
+        finally:
+            seen[f"w{n}"] = answers
+            conn.close()
+
+    def reader(n: int):
+        cell, answers = RunCell(run_id), []
+        try:
+            while not stop.is_set():
+                try:
+                    run = cell.get_run()
+                    events = cell.list_events({"limit": 1})["data"]
+                    answers.append("ok" if run is not None and events else "partial")
+                except CellError as exc:
+                    answers.append(exc.name)
+        except BaseException as exc:  # noqa: BLE001
+            errors.append(repr(exc))
+        finally:
+            seen[f"r{n}"] = answers
+            conn.close()
+
+    threads = [threading.Thread(target=writer, args=(i,)) for i in range(3)]
+    threads += [threading.Thread(target=reader, args=(i,)) for i in range(2)]
+    for t in threads:
+        t.start()
+    threading.Event().wait(0.3)
+    report = lifecycle.sweep()
+    assert report.expired == 1
+    for _ in range(100):  # small pages: the cleanup takes several ticks, the threads go on meanwhile
+        if RunTombstone.objects.get(run_id=run_id).phase == "done":
+            break
+        lifecycle.sweep()
+    stop.set()
+    for t in threads:
+        t.join(20)
+    assert errors == []
+    for name, answers in seen.items():
+        assert answers, name
+        expired = "RUN_EXPIRED" if name.startswith("w") else "RunExpiredError"
+        first = answers.index(expired)  # every thread saw the fence ...
+        assert set(answers[first:]) == {expired}, name  # ... and nothing else after it
+        assert "partial" not in answers, name  # and never a run without its events
+        assert set(answers[:first]) <= {"ok", "ENTITY_CONFLICT"}, name
+    assert leftovers(run_id) == NOTHING
+    tomb = RunTombstone.objects.get(run_id=run_id)
+    assert tomb.deleted["steps"] == 5 + sum(a.count("ok") for n, a in seen.items() if n.startswith("w"))
