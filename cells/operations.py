@@ -1,37 +1,30 @@
-"""Operator actions on runs, done the way the world-celld client would do them (PROTOCOL.md §5, §6.3).
+"""Operator actions on runs, done the way the world-celld client would do them (docs/protocol.md §5, §6.3).
 
 The admin never edits event-sourced rows. An operator's "cancel this run"
 is a real ``run_cancelled`` event applied through ``RunCell.apply_event`` —
 the same service, transaction and guards the RPC route uses — followed by
-the index bookkeeping the JS client performs after every successful
-``applyEvent`` (§6.3 steps 3 and 5):
-
-* the run's ``run:<workflowName>:<ms13 createdAt>:<runId>`` and
-  ``runall:<ms13 createdAt>:<runId>`` keys are rewritten with the new status
-  (§6.1), so ``runs.list`` reports the run as cancelled;
-* every hook the cancellation released loses its global index entries
-  (``IndexCell.delete_hook_indexes``, owner-checked), so its token can be
-  used by another run.
+the index writes the JS client makes after every successful ``applyEvent``
+(``worldcell_client.index_calls_after_apply_event``, the one definition the
+Python client uses too), invoked in-process on the index cell through the
+dispatch table: the run's ``run:`` and ``runall:`` keys get the new status
+(so ``runs.list`` reports the run as cancelled) and every hook the
+cancellation released loses its global index entries (owner-checked), so
+its token can be used by another run.
 """
 from __future__ import annotations
 
-import json
 import logging
 from dataclasses import dataclass, field
-from typing import Any
 
-from worldcell import codec
+from worldcell import dispatch
+from worldcell_client import INDEX_CELL, index_calls_after_apply_event
 
-from .index import IndexCell
 from .models import Run
 from .runs import RunCell
 
 log = logging.getLogger("cells.operations")
 
-__all__ = ["CancelResult", "INDEX_CELL", "cancel_run", "run_index_entries"]
-
-#: The index cell the client uses for every global index (§4.3).
-INDEX_CELL = "index"
+__all__ = ["CancelResult", "cancel_run"]
 
 
 @dataclass
@@ -56,27 +49,6 @@ class CancelResult:
     event_id: str | None = None
     released_hooks: list[dict[str, str]] = field(default_factory=list)
     index_error: str | None = None
-
-
-def run_index_entries(run: dict[str, Any]) -> list[tuple[str, str]]:
-    """The ``run:`` and ``runall:`` index entries of a run entity, as the client writes them (§6.1).
-
-    Args:
-        run: a run entity as ``applyEvent`` returns it (``runId``,
-            ``workflowName``, ``status``, ``createdAt`` datetime).
-
-    Returns ``[(key, value), (key, value)]``: keys embed the 13-digit epoch
-    ms of ``createdAt``; the value is the JSON *string*
-    ``{"runId":…,"createdAt":"<ISO>","status":…}`` (``JSON.stringify``: compact).
-    """
-    created = codec.to_utc_ms(run["createdAt"])
-    ms13 = str(max(0, codec.epoch_ms(created))).zfill(13)
-    meta = json.dumps(
-        {"runId": run["runId"], "createdAt": codec.format_iso(created), "status": run["status"]},
-        separators=(",", ":"),
-        ensure_ascii=False,
-    )
-    return [(f"run:{run['workflowName']}:{ms13}:{run['runId']}", meta), (f"runall:{ms13}:{run['runId']}", meta)]
 
 
 def cancel_run(run_id: str) -> CancelResult:
@@ -106,14 +78,9 @@ def cancel_run(run_id: str) -> CancelResult:
     result = CancelResult(
         run_id, True, "cancelled", event_id=event.get("eventId"), released_hooks=released
     )
-    index = IndexCell(INDEX_CELL)
     try:
-        run = outcome.get("run")
-        if run is not None:
-            for key, value in run_index_entries(run):
-                index.put(key, value)
-        for hook in released:
-            index.delete_hook_indexes(hook["token"], hook["hookId"], {"runId": run_id, "hookId": hook["hookId"]})
+        for method, args in index_calls_after_apply_event(run_id, outcome):
+            dispatch.invoke(dispatch.lookup("index", method), INDEX_CELL, method, list(args))
     except Exception as exc:  # noqa: BLE001 - the cancel committed; report the index failure
         log.exception("run %s: cancelled, but updating the index failed", run_id)
         result.index_error = f"{type(exc).__name__}: {exc}"

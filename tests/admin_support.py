@@ -11,7 +11,6 @@
 """
 from __future__ import annotations
 
-import json
 from datetime import timedelta
 from typing import Any
 
@@ -23,7 +22,7 @@ from cells.event_machine import format_event_id
 from cells.models import Event, Hook, HookMarker, Run, RunCellState, Step
 from cells.models.runs import creation_sort_key
 from worldcell import codec
-from worldcell.client import encode_uri_component, ms13, shared_codec_dumps
+from worldcell_client import index_calls_after_apply_event
 
 ADMIN = "/admin/"
 RUNS = "/admin/cells/run/"
@@ -72,29 +71,9 @@ class ClientSequence:
             holder = None if claim["claimed"] else claim["holder"]
         outcome = self.rpc.ok("runs", run_id, "applyEvent", {"runId": run_id, "data": data, "tokenHolder": holder})
         assert outcome["ok"], outcome
-        run = outcome.get("run")
-        if run is not None:
-            created = ms13(codec.epoch_ms(run["createdAt"]))
-            meta = json.dumps(
-                {"runId": run_id, "createdAt": codec.format_iso(run["createdAt"]), "status": run["status"]},
-                separators=(",", ":"),
-            )
-            self.index("put", f"run:{run['workflowName']}:{created}:{run_id}", meta)
-            self.index("put", f"runall:{created}:{run_id}", meta)
-        hook = outcome.get("hookToIndex")
-        if hook is not None:
-            self.index("finalizeHookIndexes", hook["token"], hook["hookId"], shared_codec_dumps(hook),
-                       {"runId": run_id, "hookId": hook["hookId"]})
-        elif owner is not None:
-            self.index("releaseHookToken", event_data["token"], owner)
-        for released in outcome.get("releasedHooks", []):
-            self.index("deleteHookIndexes", released["token"], released["hookId"],
-                       {"runId": run_id, "hookId": released["hookId"]})
-        event = outcome.get("event")
-        if event is not None and event.get("correlationId"):
-            key = (f"correlation:{encode_uri_component(event['correlationId'])}:"
-                   f"{ms13(codec.epoch_ms(event['createdAt']))}:{event['eventId']}:{run_id}")
-            self.index("put", key, json.dumps({"runId": run_id, "eventId": event["eventId"]}))
+        reserved = None if owner is None else (event_data["token"], owner)
+        for method, args in index_calls_after_apply_event(run_id, outcome, reserved):
+            self.index(method, *args)
         return outcome
 
     def create_run(self, run_id: str, workflow: str = "wf-order", deployment: str = "dpl_1",

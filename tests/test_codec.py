@@ -169,6 +169,6 @@ def test_it_round_trips_any_unicode_text_including_surrogates_and_nul(text):
 
 @pytest.mark.parametrize("key,four,eight", [("k-1", 0, 4), ("a", 0, 4), ("b", 1, 5), ("step-123", 2, 2), ("msg_x", 1, 5)])
 def test_it_picks_the_same_queue_shard_as_the_js_client(key, four, eight):
-    from worldcell.client import shard_for
+    from worldcell_client import shard_for
 
     assert (shard_for(key, 4), shard_for(key, 8), shard_for(key, 1)) == (four, eight, 0)

@@ -1,5 +1,11 @@
 """Shared plumbing of the operator console (the Django admin of ``cells`` and ``queueing``).
 
+* ``ConsoleSite`` — the console's ``AdminSite``: its titles, full-width
+  pages and a "View site" link to the console index. It is ``admin.site``
+  through Django's documented hook: ``ConsoleAdminConfig.default_site``
+  (``worldcell.apps``) replaces ``django.contrib.admin`` in
+  ``INSTALLED_APPS``, so ``admin.site.register`` and ``admin.site.urls``
+  need nothing else.
 * ``OperatorModelAdmin`` — the base of every console page: read-only rows
   (event-sourced and machine-owned state is never edited by hand), visible
   to every active staff user, with a count-capped paginator and no facets,
@@ -24,12 +30,14 @@ from typing import Any
 from django.contrib import admin
 from django.core.paginator import Paginator
 from django.db import connection
+from django.urls import reverse
 from django.utils.html import format_html
 
 from . import clock, codec
 
 __all__ = [
     "CappedCountPaginator",
+    "ConsoleSite",
     "OperatorModelAdmin",
     "distinct_values_filter",
     "format_datetime",
@@ -38,11 +46,25 @@ __all__ = [
     "status_badge",
 ]
 
-admin.site.site_header = "worldcell operator console"
-admin.site.site_title = "worldcell"
-admin.site.index_title = "Runs, queues and dead letters"
-# The run and queue tables are wide (long ids, times, payload previews): give them the whole width.
-admin.site.enable_nav_sidebar = False
+
+class ConsoleSite(admin.AdminSite):
+    """The operator console's admin site (``admin.site``, via ``ConsoleAdminConfig.default_site``)."""
+
+    site_header = "worldcell operator console"
+    site_title = "worldcell"
+    index_title = "Runs, queues and dead letters"
+    # The run and queue tables are wide (long ids, times, payload previews): give them the whole width.
+    enable_nav_sidebar = False
+
+    def each_context(self, request):
+        """The admin's template context, with "View site" pointing at the console index.
+
+        The fleet has no public site: ``/`` answers the JSON 404 of the RPC
+        router, so the link leads to this site's index (under any mount prefix).
+        """
+        context = super().each_context(request)
+        context["site_url"] = reverse(f"{self.name}:index", current_app=self.name)
+        return context
 
 
 class CappedCountPaginator(Paginator):

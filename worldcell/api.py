@@ -1,4 +1,4 @@
-"""The django-ninja API object that serves ``/v1`` (PROTOCOL.md §2).
+"""The django-ninja API object that serves ``/v1`` (docs/protocol.md §2).
 
 Every operation hands the request to ``worldcell.rpc.handle``, which applies
 the normative decision order on the *raw* request path (so ``%2F`` inside a
@@ -22,7 +22,9 @@ api = NinjaAPI(
     version="0.1.0",
     description=(
         "Wire-compatible with the world-celld v0.1.0 fleet. Authenticate RPC calls with "
-        "`Authorization: Bearer <WORLD_SECRET>`; the body is a tagged-JSON argument array."
+        "`Authorization: Bearer <WORLD_SECRET>`; the body is a tagged-JSON argument array. "
+        "The contract (routes, codec, every binding's methods, errors, pagination, queue semantics) "
+        "is docs/protocol.md in the worldcell repository; how the fleet is built is docs/architecture.md."
     ),
     urls_namespace="v1",
     docs_decorator=staff_member_required,
@@ -44,7 +46,7 @@ class RpcError(Schema):
 
 @api.api_operation(ALL_METHODS, "/health", response={200: Health}, summary="Liveness and spec version")
 def health(request: HttpRequest):
-    """Unauthenticated; any HTTP method (PROTOCOL.md §2.3)."""
+    """Unauthenticated; any HTTP method (docs/protocol.md §2.3)."""
     return rpc.handle(request)
 
 
@@ -56,7 +58,7 @@ def health(request: HttpRequest):
 )
 def call(request: HttpRequest, binding: str, name: str, method: str):
     """POST only (other methods answer 404). Body: JSON argument array; result: the
-    method's return value (PROTOCOL.md §2.8, §4)."""
+    method's return value (docs/protocol.md §2.8, §4)."""
     return rpc.handle(request)
 
 

@@ -29,7 +29,7 @@ QUEUE_DELIVERY_TIMEOUT_MS = env.str("QUEUE_DELIVERY_TIMEOUT_MS", default="300000
 
 # --- Applications ---------------------------------------------------------
 INSTALLED_APPS = [
-    "django.contrib.admin",
+    "worldcell.apps.ConsoleAdminConfig",  # django.contrib.admin with the console's AdminSite
     "django.contrib.auth",
     "django.contrib.contenttypes",
     "django.contrib.sessions",

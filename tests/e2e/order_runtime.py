@@ -7,7 +7,7 @@ run's event log on every flow delivery, the way the real runtime does:
     validate (step) -> approval hook -> wait 1 s -> ship (step; its first
     attempt fails with HTTP 500 so the queue retries it) -> run_completed
 
-Every call goes through ``worldcell.client.WorldClient`` over the RPC route,
+Every call goes through ``worldcell_client.WorldClient`` over the RPC route,
 so the fleet sees exactly the JS client's call sequences.
 """
 from __future__ import annotations
@@ -19,7 +19,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
 from worldcell import codec
-from worldcell.client import WorldClient, ulid
+from worldcell_client import WorldClient, ulid
 
 WORKFLOW = "order"
 FLOW_QUEUE = "__wkf_workflow_order"

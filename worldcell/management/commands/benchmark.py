@@ -39,7 +39,7 @@ from typing import Any, Callable
 import httpx
 from django.core.management.base import BaseCommand, CommandError
 
-from worldcell.client import RpcCallError, WorldClient, ms13
+from worldcell_client import RpcCallError, WorldClient, ms13
 
 WORKLOADS = ("queue", "events", "listing", "streams")
 

@@ -1,75 +1,27 @@
-"""A Python RPC client that talks to a fleet the way the world-celld JS client does.
+"""``WorldClient``: calls a fleet's RPC route the way the world-celld JS client does.
 
-It is what the benchmark command and the end-to-end tests use to drive a
-running fleet from outside, over HTTP: the same URLs, headers and argument
-arrays, and the same call sequences around ``applyEvent`` (index puts, the
-hook-token protocol, released-hook cleanup, correlation keys — PROTOCOL.md
-§6.3), queue shard selection (FNV-1a, §7.11) and stream registration (§8.3).
+Same URLs, headers and argument arrays, and the same call sequences around
+``applyEvent`` (hook-token reservation, the index writes of
+``index_writes``), queue shard selection and stream registration
+(docs/protocol.md §2, §6.3, §7.11, §8.3).
 """
 from __future__ import annotations
 
-import base64
 import json
-import os
-import time
-from datetime import datetime
 from typing import Any
-from urllib.parse import quote
 
 import httpx
 
-from . import codec
+from worldcell import codec
 
-_CROCKFORD = "0123456789ABCDEFGHJKMNPQRSTVWXYZ"
+from .index_writes import INDEX_CELL, index_calls_after_apply_event
+from .wire import encode_uri_component, shard_for, shared_codec_dumps, ulid
 
-
-def ulid() -> str:
-    """A new ULID: 48-bit millisecond time + 80 random bits, Crockford base32 (26 chars)."""
-    value = (time.time_ns() // 1_000_000) << 80 | int.from_bytes(os.urandom(10), "big")
-    out = []
-    for _ in range(26):
-        out.append(_CROCKFORD[value & 31])
-        value >>= 5
-    return "".join(reversed(out))
-
-
-def encode_uri_component(text: str) -> str:
-    """JavaScript ``encodeURIComponent`` (PROTOCOL.md §6.1 note)."""
-    return quote(text, safe="-_.!~*'()")
-
-
-def shard_for(key: str, shards: int) -> int:
-    """The queue shard of ``key``: FNV-1a over UTF-16 code units mod ``shards`` (§7.11)."""
-    if shards <= 1:
-        return 0
-    h = 0x811C9DC5
-    data = key.encode("utf-16-le", "surrogatepass")
-    for i in range(0, len(data), 2):
-        h ^= data[i] | (data[i + 1] << 8)
-        h = (h * 0x01000193) & 0xFFFFFFFF
-    return h % shards
-
-
-def ms13(ms: int) -> str:
-    """Epoch milliseconds left-padded to 13 digits (§0)."""
-    return str(max(0, int(ms))).zfill(13)
-
-
-def shared_codec_dumps(value: Any) -> str:
-    """The client's *shared* codec (§3.3): bytes tagged, datetimes as plain ISO strings."""
-
-    def default(v: Any) -> Any:
-        if isinstance(v, (bytes, bytearray)):
-            return {"__type": "Uint8Array", "data": base64.b64encode(bytes(v)).decode("ascii")}
-        if isinstance(v, datetime):
-            return codec.format_iso(v)
-        raise TypeError(type(v).__name__)
-
-    return json.dumps(value, default=default, separators=(",", ":"))
+__all__ = ["RpcCallError", "WorldClient"]
 
 
 class RpcCallError(Exception):
-    """A non-2xx answer: ``status`` (HTTP), ``name`` and ``message`` from the error body."""
+    """A non-2xx answer: ``status`` (HTTP), ``name`` and ``message`` from the error body (docs/protocol.md §2.9)."""
 
     def __init__(self, status: int, name: str, message: str):
         super().__init__(f"{status} {name}: {message}")
@@ -109,69 +61,62 @@ class WorldClient:
         """``GET /v1/health`` as a dict."""
         return self.http.get(f"{self.base_url}/v1/health").json()
 
-    # -- runs + index, as the client sequences them (§6.3) ------------------------
+    # -- runs + index, as the client sequences them (docs/protocol.md §6.3) -------
 
     def apply_event(self, run_id: str, data: dict[str, Any]) -> dict[str, Any]:
         """Apply one event the way the JS client does and return the outcome.
 
-        For ``hook_created`` the token is reserved first and finalized or
-        released afterwards; a returned ``run`` is written to the ``run:`` and
-        ``runall:`` index keys; released hooks are un-indexed; an event with a
-        ``correlationId`` gets its ``correlation:`` key. ``ok:false`` outcomes
-        are returned as they are (after releasing a reserved token).
+        For ``hook_created`` the token is reserved first; after an ``ok: true``
+        outcome the calls of ``index_calls_after_apply_event`` follow (run
+        keys, hook indexes or token release, released hooks, correlation key).
+        ``ok: false`` outcomes are returned as they are, after releasing a
+        reserved token; an RpcCallError is re-raised after the same release.
         """
-        event_type = data.get("eventType")
-        token_holder = None
-        owner = None
-        if event_type == "hook_created":
-            owner = {"runId": run_id, "hookId": data["correlationId"]}
-            token = data["eventData"]["token"]
-            claim = self.call("index", "index", "reserveHookToken", token, owner)
+        reserved = None
+        if data.get("eventType") == "hook_created":
+            reserved = (data["eventData"]["token"], {"runId": run_id, "hookId": data["correlationId"]})
+            claim = self.call("index", INDEX_CELL, "reserveHookToken", *reserved)
             token_holder = None if claim.get("claimed") else claim.get("holder")
+        else:
+            token_holder = None
         try:
             outcome = self.call("runs", run_id, "applyEvent", {"runId": run_id, "data": data, "tokenHolder": token_holder})
         except RpcCallError:
-            if owner is not None:
-                self.call("index", "index", "releaseHookToken", data["eventData"]["token"], owner)
+            if reserved is not None:
+                self.call("index", INDEX_CELL, "releaseHookToken", *reserved)
             raise
         if not outcome.get("ok"):
-            if owner is not None:
-                self.call("index", "index", "releaseHookToken", data["eventData"]["token"], owner)
+            if reserved is not None:
+                self.call("index", INDEX_CELL, "releaseHookToken", *reserved)
             return outcome
-        run = outcome.get("run")
-        if run is not None:
-            meta = json.dumps(
-                {"runId": run["runId"], "createdAt": codec.format_iso(run["createdAt"]), "status": run["status"]},
-                separators=(",", ":"),
-            )
-            created = ms13(codec.epoch_ms(run["createdAt"]))
-            self.call("index", "index", "put", f"run:{run['workflowName']}:{created}:{run['runId']}", meta)
-            self.call("index", "index", "put", f"runall:{created}:{run['runId']}", meta)
-        hook = outcome.get("hookToIndex")
-        if hook is not None:
-            self.call(
-                "index", "index", "finalizeHookIndexes", hook["token"], hook["hookId"],
-                shared_codec_dumps(hook), {"runId": hook["runId"], "hookId": hook["hookId"]},
-            )
-        elif owner is not None:
-            self.call("index", "index", "releaseHookToken", data["eventData"]["token"], owner)
-        for released in outcome.get("releasedHooks", []):
-            self.call(
-                "index", "index", "deleteHookIndexes", released["token"], released["hookId"],
-                {"runId": run_id, "hookId": released["hookId"]},
-            )
-        event = outcome.get("event")
-        if event is not None and event.get("correlationId"):
-            key = (
-                f"correlation:{encode_uri_component(event['correlationId'])}:"
-                f"{ms13(codec.epoch_ms(event['createdAt']))}:{event['eventId']}:{run_id}"
-            )
-            self.call("index", "index", "put", key, json.dumps({"runId": run_id, "eventId": event["eventId"]}))
+        for method, args in index_calls_after_apply_event(run_id, outcome, reserved):
+            self.call("index", INDEX_CELL, method, *args)
         return outcome
+
+    def get_run(self, run_id: str) -> dict[str, Any] | None:
+        """``runs.getRun``: the run entity (dates as datetimes) or None."""
+        return self.call("runs", run_id, "getRun")
+
+    def list_events(self, run_id: str, **params: Any) -> dict[str, Any]:
+        """``runs.listEvents`` with P1 params (``limit``, ``cursor``, ``sortOrder``…): ``{data, cursor, hasMore}``."""
+        return self.call("runs", run_id, "listEvents", params)
+
+    def list_runs(self, workflow_name: str | None = None, *, limit: int = 20, cursor: str | None = None) -> dict[str, Any]:
+        """One page of the run index (``index.list`` over ``run:`` / ``runall:`` keys, newest first).
+
+        Returns the P3 page ``{"keys": [{"name": key}], "list_complete": bool,
+        "cursor"?: key}`` (docs/protocol.md §4.0); a key ends with the run id
+        (``run:<workflow>:<ms13>:<runId>``), pass ``cursor`` back for the next page.
+        """
+        prefix = f"run:{workflow_name}:" if workflow_name is not None else "runall:"
+        options: dict[str, Any] = {"prefix": prefix, "limit": limit, "reverse": True}
+        if cursor is not None:
+            options["cursor"] = cursor
+        return self.call("index", INDEX_CELL, "list", options)
 
     def hook_by_token(self, token: str) -> dict | None:
         """The published hook of ``token`` (parsed shared-codec JSON), or None."""
-        text = self.call("index", "index", "get", f"hook:{token}")
+        text = self.call("index", INDEX_CELL, "get", f"hook:{token}")
         return json.loads(text) if isinstance(text, str) else None
 
     # -- queue --------------------------------------------------------------------
@@ -206,6 +151,14 @@ class WorldClient:
             request["delaySeconds"] = delay_seconds
         cell = f"q:{shard_for(idempotency_key or message_id, shards)}"
         return self.call("queue", cell, "enqueue", request)
+
+    def list_dead_letters(self, shard: int = 0, **params: Any) -> dict[str, Any]:
+        """``queue.listDeadLetters`` on ``q:<shard>`` (P4 params ``limit``, ``cursor``)."""
+        return self.call("queue", f"q:{shard}", "listDeadLetters", params)
+
+    def redrive_dead_letter(self, message_id: str, shard: int = 0) -> bool:
+        """``queue.redriveDeadLetter`` on ``q:<shard>``: True when the message is pending again."""
+        return bool(self.call("queue", f"q:{shard}", "redriveDeadLetter", message_id).get("ok"))
 
     # -- streams ------------------------------------------------------------------
 
