@@ -14,7 +14,7 @@ from cells.lifecycle import correlation_key, listing_keys
 from queueing.models import DeadLetter, Message, QueueCell
 from tests.runs_support import RunClient
 from worldcell import codec
-from worldcell.client import shared_codec_dumps
+from worldcell_client import shared_codec_dumps
 
 TARGET = "http://127.0.0.1:18799"
 

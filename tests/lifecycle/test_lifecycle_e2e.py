@@ -24,7 +24,7 @@ from django.conf import settings
 
 from tests.e2e.fleet_processes import PY, ROOT, base_env, celery_fleet, dev_fleet
 from tests.e2e.order_runtime import OrderRuntime
-from worldcell.client import RpcCallError, WorldClient
+from worldcell_client import RpcCallError, WorldClient
 
 pytestmark = pytest.mark.slow
 

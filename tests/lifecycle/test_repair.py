@@ -15,7 +15,7 @@ from tests.conftest import is_postgres
 from tests.lifecycle.support import TARGET, enqueue
 from tests.runs_support import RunClient, frozen_clock  # noqa: F401 - fixture
 from worldcell import codec
-from worldcell.client import shared_codec_dumps
+from worldcell_client import shared_codec_dumps
 
 MIN = 60_000
 
