@@ -673,8 +673,11 @@ def sweep(now: datetime | None = None, *, batch: int | None = None, dry_run: boo
         return report
     try:
         budget_pages = PAGES_PER_TICK
+        # unfinished cleanups, oldest first; a settle pass that is not due yet waits without taking a slot
+        settling = now - timedelta(milliseconds=settle_ms())
         open_tombs = list(
-            RunTombstone.objects.exclude(phase="done").order_by("tombstoned_at").values_list("run_id", flat=True)[:batch]
+            RunTombstone.objects.exclude(phase="done").exclude(phase="settle", tombstoned_at__gt=settling)
+            .order_by("tombstoned_at").values_list("run_id", flat=True)[:batch]
         )
         for run_id in open_tombs:
             try:

@@ -402,3 +402,16 @@ def test_concurrent_events_and_reads_never_outlive_the_fence(rpc, retention, set
     assert leftovers(run_id) == NOTHING
     tomb = RunTombstone.objects.get(run_id=run_id)
     assert tomb.deleted["steps"] == 5 + sum(a.count("ok") for n, a in seen.items() if n.startswith("w"))
+
+
+def test_runs_waiting_to_settle_do_not_block_the_batch(rpc, retention, frozen_clock, settings):
+    settings.WORLDCELL_RETENTION_BATCH = 2
+    settings.WORLDCELL_RETENTION_SETTLE_MS = 60_000
+    for i in range(5):
+        populate(rpc, f"wrun_s{i}", steps=1, hook=False, chunks=0)
+    frozen_clock.advance(DAY + 1)
+    assert [lifecycle.sweep().expired for _ in range(4)] == [2, 2, 1, 0]
+    assert RunTombstone.objects.filter(phase="settle").count() == 5
+    frozen_clock.advance(60_001)
+    assert [lifecycle.sweep().cleaned for _ in range(4)] == [2, 2, 1, 0]
+    assert RunTombstone.objects.filter(phase="done").count() == 5
