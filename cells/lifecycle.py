@@ -65,7 +65,9 @@ __all__ = [
     "RunExpired",
     "SweepReport",
     "clean_run",
+    "clean_runs",
     "expire_run",
+    "expire_runs",
     "expired_outcome",
     "is_expired",
     "policy",
@@ -261,64 +263,105 @@ def correlation_key(correlation_id: str, created_at: datetime, event_id: str, ru
     return f"correlation:{encoded}:{_ms13(created_at)}:{event_id}:{run_id}"
 
 
-def _lock_cell(run_id: str) -> tuple[int, bool] | None:
-    """Lock run cell ``run_id`` (PostgreSQL ``FOR UPDATE``; SQLite's transaction already excludes writers)."""
-    lock = " FOR UPDATE" if connection.vendor == "postgresql" else ""
-    rows = _rows(f'SELECT "id", "expired" FROM "{_CELL}" WHERE "name" = %s{lock}', [run_id])
-    return (rows[0][0], bool(rows[0][1])) if rows else None
+def _marks(values: list[Any]) -> str:
+    return ", ".join(["%s"] * len(values))
 
 
-def expire_run(run_id: str, now: datetime | None = None, *, reason: str | None = None, pol: Policy | None = None) -> bool:
-    """Write run ``run_id``'s tombstone and fence it, in one transaction under its cell lock.
+def _db_time(value: datetime) -> Any:
+    return connection.ops.adapt_datetimefield_value(value)
+
+
+def expire_runs(run_ids: list[str], now: datetime | None = None, *, reason: str | None = None,
+                pol: Policy | None = None) -> list[str]:
+    """Write the tombstones of those ``run_ids`` that are due and fence them: ONE transaction.
+
+    Under the run cells' row locks (taken in cell id order, so two sweeps
+    never deadlock; ``FOR UPDATE`` on PostgreSQL, SQLite's IMMEDIATE
+    transaction excludes every other writer): re-read each run, recompute
+    its deadline, insert its ``RunTombstone`` (phase ``hooks``), set
+    ``RunCellState.expired`` and delete its ``run:``/``runall:`` listing keys
+    (docs/lifecycle.md §2). A batch of runs is one short transaction: a few
+    statements whatever its size (at most ``batch`` ≤ 1000 runs).
 
     Args:
-        run_id: the run id.
+        run_ids: run ids (= run cell names).
         now: the sweep's time (default: the clock).
-        reason: ``manual`` to expire regardless of the policy; None = only when
-            the policy's deadline (re-read under the lock) has passed.
+        reason: ``manual`` expires regardless of the policy; None = only runs
+            whose policy deadline (re-read under the lock) has passed.
         pol: the policy (default: ``policy()``).
 
-    Returns True when this call expired the run; False when it was already
-    expired, does not exist, or is not due (e.g. it was still active and only
-    terminal retention applies).
+    Returns the run ids this call expired (already expired, missing and not
+    yet due runs are skipped).
     """
     now = now or clock.now()
     pol = pol or policy()
+    if not run_ids:
+        return []
+    lock = " FOR UPDATE" if connection.vendor == "postgresql" else ""
     with transaction.atomic():
-        locked = _lock_cell(run_id)
-        if locked is None or locked[1]:
-            return False
-        cell_id = locked[0]
-        run = (
-            Run.objects.filter(cell_id=cell_id)
-            .values("status", "workflow_name", "deployment_id", "created_at", "started_at", "completed_at", "updated_at")
-            .first()
+        cells = _rows(
+            f'SELECT "id", "name" FROM "{_CELL}" WHERE "name" IN ({_marks(run_ids)}) AND NOT "expired" '
+            f'ORDER BY "id"{lock}',
+            run_ids,
         )
-        if run is None:
-            return False
-        if reason == "manual":
-            expires_at = now
-        else:
-            due = pol.deadline(run["status"], run["created_at"], run["completed_at"])
-            if due is None or due[0] > now:
-                return False
-            expires_at, reason = due
-        RunTombstone.objects.create(
-            run_id=run_id, workflow_name=run["workflow_name"], deployment_id=run["deployment_id"],
-            status=run["status"], created_at=run["created_at"], started_at=run["started_at"],
-            completed_at=run["completed_at"], updated_at=run["updated_at"], expired_at=expires_at,
-            tombstoned_at=now, reason=reason, phase=CLEANUP_PHASES[0],
-            deleted={"index": _delete_index_keys(listing_keys(run_id, run["workflow_name"], run["created_at"]))},
+        if not cells:
+            return []
+        names = {pk: name for pk, name in cells}
+        runs = Run.objects.filter(cell_id__in=list(names)).values(
+            "cell_id", "status", "workflow_name", "deployment_id", "created_at", "started_at", "completed_at",
+            "updated_at",
         )
-        RunCellState.objects.filter(pk=cell_id).update(expired=True)
-    return True
+        tombs, keys, fenced = [], [], []
+        for run in runs:
+            run_id = names[run["cell_id"]]
+            if reason == "manual":
+                expires_at, why = now, "manual"
+            else:
+                due = pol.deadline(run["status"], run["created_at"], run["completed_at"])
+                if due is None or due[0] > now:
+                    continue
+                expires_at, why = due
+            run_keys = listing_keys(run_id, run["workflow_name"], run["created_at"])
+            keys += run_keys
+            fenced.append(run["cell_id"])
+            tombs.append(RunTombstone(
+                run_id=run_id, workflow_name=run["workflow_name"], deployment_id=run["deployment_id"],
+                status=run["status"], created_at=run["created_at"], started_at=run["started_at"],
+                completed_at=run["completed_at"], updated_at=run["updated_at"], expired_at=expires_at,
+                tombstoned_at=now, reason=why, phase=CLEANUP_PHASES[0], deleted={},
+            ))
+        if not tombs:
+            return []
+        RunTombstone.objects.bulk_create(tombs)
+        _rowcount(f'UPDATE "{_CELL}" SET "expired" = %s WHERE "id" IN ({_marks(fenced)})', [True, *fenced])
+        deleted = _delete_index_keys_by_run(keys)
+        _add_tallies({t.run_id: {"index": deleted.get(t.run_id, 0)} for t in tombs}, {})
+    return [t.run_id for t in tombs]
+
+
+def expire_run(run_id: str, now: datetime | None = None, *, reason: str | None = None, pol: Policy | None = None) -> bool:
+    """``expire_runs([run_id], …)``: True when this call expired the run."""
+    return bool(expire_runs([run_id], now, reason=reason, pol=pol))
 
 
 def _delete_index_keys(keys: list[str]) -> int:
+    """Delete those of ``keys`` that exist in the index cell; how many went."""
     if not keys:
         return 0
-    marks = ", ".join(["%s"] * len(keys))
-    return _rowcount(f'DELETE FROM "{_IDX}" WHERE "cell" = %s AND "key" IN ({marks})', [INDEX_CELL, *keys])
+    return _rowcount(f'DELETE FROM "{_IDX}" WHERE "cell" = %s AND "key" IN ({_marks(keys)})', [INDEX_CELL, *keys])
+
+
+def _delete_index_keys_by_run(keys: list[str]) -> dict[str, int]:
+    """Delete run-scoped ``keys`` (their run is the last ``:`` segment); ``{run id: keys deleted}``."""
+    if not keys:
+        return {}
+    found = _rows(f'SELECT "key" FROM "{_IDX}" WHERE "cell" = %s AND "key" IN ({_marks(keys)})', [INDEX_CELL, *keys])
+    _delete_index_keys([k for (k,) in found])
+    out: dict[str, int] = {}
+    for (key,) in found:
+        run_id = key.rsplit(":", 1)[-1]
+        out[run_id] = out.get(run_id, 0) + 1
+    return out
 
 
 # =========================================================================== cleanup
@@ -337,14 +380,29 @@ class _Budget:
         return True
 
 
-def _progress(tomb_pk: int, phase: str, tallies: dict[str, int]) -> None:
-    """Record the next phase and add ``tallies`` to the tombstone (inside the page's transaction)."""
-    tomb = RunTombstone.objects.select_for_update().get(pk=tomb_pk)
-    deleted = dict(tomb.deleted)
-    for kind, n in tallies.items():
-        if n:
-            deleted[kind] = deleted.get(kind, 0) + n
-    RunTombstone.objects.filter(pk=tomb_pk).update(phase=phase, deleted=deleted)
+def _add_tallies(tallies: dict[str, dict[str, int]], phases: dict[str, str]) -> None:
+    """Add ``{run: {kind: n}}`` to the tombstones' ``deleted`` and set ``{run: phase}`` (caller's transaction)."""
+    run_ids = sorted(set(tallies) | set(phases))
+    if not run_ids:
+        return
+    tombs = list(RunTombstone.objects.select_for_update().filter(run_id__in=run_ids).order_by("pk"))
+    for tomb in tombs:
+        deleted = dict(tomb.deleted)
+        for kind, n in tallies.get(tomb.run_id, {}).items():
+            if n:
+                deleted[kind] = deleted.get(kind, 0) + n
+        tomb.deleted = deleted
+        tomb.phase = phases.get(tomb.run_id, tomb.phase)
+    RunTombstone.objects.bulk_update(tombs, ["deleted", "phase"])
+
+
+def _count(pairs: Iterable[tuple[str, str]]) -> dict[str, dict[str, int]]:
+    """``{run: {kind: n}}`` out of ``(run, kind)`` pairs."""
+    out: dict[str, dict[str, int]] = {}
+    for run_id, kind in pairs:
+        kinds = out.setdefault(run_id, {})
+        kinds[kind] = kinds.get(kind, 0) + 1
+    return out
 
 
 _EV = Event._meta.db_table
@@ -357,26 +415,49 @@ _CHUNK = StreamChunk._meta.db_table
 _REG = StreamRegistration._meta.db_table
 
 
-def _phase_hooks(run_id: str, cell_id: int, tomb_pk: int, budget: _Budget) -> bool:
-    """Live hooks: their ``hook:``/``hookid:``/``hookclaim:`` index entries, then the rows; then markers."""
+@dataclass
+class _Group:
+    """Runs in the same cleanup phase, cleaned together: ``cells`` maps cell id -> run id."""
+
+    cells: dict[int, str]
+
+    @property
+    def ids(self) -> list[int]:
+        return sorted(self.cells)
+
+    @property
+    def runs(self) -> list[str]:
+        return sorted(self.cells.values())
+
+    def next_phase(self, phase: str) -> dict[str, str]:
+        following = CLEANUP_PHASES[CLEANUP_PHASES.index(phase) + 1]
+        return {run_id: following for run_id in self.cells.values()}
+
+
+def _paged_rows(table: str, select: str, run_column: str, keys: list[Any]) -> list[tuple]:
+    return _rows(
+        f'SELECT "id", {select} FROM "{table}" WHERE "{run_column}" IN ({_marks(keys)}) ORDER BY "id" LIMIT %s',
+        [*keys, PAGE],
+    )
+
+
+def _phase_hooks(group: _Group, budget: _Budget, now: datetime) -> bool:
+    """Live hooks: their ``hook:``/``hookid:``/``hookclaim:`` index entries, then the rows; then the markers."""
     from .index import IndexCell
 
     index = IndexCell(INDEX_CELL)
     while budget.take():
-        hooks = _rows(f'SELECT "id", "hook_id", "token" FROM "{_HK}" WHERE "run_id" = %s ORDER BY "id" LIMIT %s',
-                      [cell_id, PAGE])
-        for _, hook_id, token in hooks:  # each its own short transaction under the token's lock (§6.3)
-            index.delete_hook_indexes(token, hook_id, {"runId": run_id, "hookId": hook_id})
+        hooks = _paged_rows(_HK, '"run_id", "hook_id", "token"', "run_id", group.ids)
+        for _, cell_id, hook_id, token in hooks:  # each its own short transaction under the token's lock (§6.3)
+            index.delete_hook_indexes(token, hook_id, {"runId": group.cells[cell_id], "hookId": hook_id})
         with transaction.atomic():
-            n = _delete_ids(_HK, [h[0] for h in hooks])
-            markers = 0
-            if len(hooks) < PAGE:
-                markers = _rowcount(
-                    f'DELETE FROM "{_MK}" WHERE "id" IN (SELECT "id" FROM "{_MK}" WHERE "run_id" = %s LIMIT %s)',
-                    [cell_id, PAGE],
-                )
-            done = len(hooks) < PAGE and markers < PAGE
-            _progress(tomb_pk, "events" if done else "hooks", {"hooks": n, "hook_markers": markers})
+            _delete_ids(_HK, [h[0] for h in hooks])
+            markers = [] if len(hooks) >= PAGE else _paged_rows(_MK, '"run_id"', "run_id", group.ids)
+            _delete_ids(_MK, [m[0] for m in markers])
+            done = len(hooks) < PAGE and len(markers) < PAGE
+            tallies = _count([(group.cells[h[1]], "hooks") for h in hooks] +
+                             [(group.cells[m[1]], "hook_markers") for m in markers])
+            _add_tallies(tallies, group.next_phase("hooks") if done else {})
         if done:
             return True
     return False
@@ -385,54 +466,52 @@ def _phase_hooks(run_id: str, cell_id: int, tomb_pk: int, budget: _Budget) -> bo
 def _delete_ids(table: str, ids: list[int]) -> int:
     if not ids:
         return 0
-    marks = ", ".join(["%s"] * len(ids))
-    return _rowcount(f'DELETE FROM "{table}" WHERE "id" IN ({marks})', ids)
+    return _rowcount(f'DELETE FROM "{table}" WHERE "id" IN ({_marks(ids)})', ids)
 
 
-def _phase_events(run_id: str, cell_id: int, tomb_pk: int, budget: _Budget) -> bool:
-    """Events in log order, each page with the ``correlation:`` index keys of its events."""
+def _phase_events(group: _Group, budget: _Budget, now: datetime) -> bool:
+    """Events in pages, each page with the ``correlation:`` index keys of its events."""
     while budget.take():
         with transaction.atomic():
-            rows = _rows(
-                f'SELECT "id", "event_id", "correlation_id", "created_at" FROM "{_EV}" '
-                f'WHERE "run_id" = %s ORDER BY "event_id" LIMIT %s',
-                [cell_id, PAGE],
-            )
-            keys = [correlation_key(c, codec.to_utc_ms(t), e, run_id) for _, e, c, t in rows if c is not None]
-            idx = _delete_index_keys(keys)
-            n = _delete_ids(_EV, [r[0] for r in rows])
+            rows = _paged_rows(_EV, '"run_id", "event_id", "correlation_id", "created_at"', "run_id", group.ids)
+            keys = [correlation_key(c, codec.to_utc_ms(t), e, group.cells[r]) for _, r, e, c, t in rows
+                    if c is not None]
+            found = _rows(f'SELECT "key" FROM "{_IDX}" WHERE "cell" = %s AND "key" IN ({_marks(keys)})',
+                          [INDEX_CELL, *keys]) if keys else []
+            _delete_index_keys([k for (k,) in found])
+            _delete_ids(_EV, [r[0] for r in rows])
             done = len(rows) < PAGE
-            _progress(tomb_pk, "steps" if done else "events", {"events": n, "index": idx})
+            tallies = _count([(group.cells[r[1]], "events") for r in rows] +
+                             [(k.rsplit(":", 1)[-1], "index") for (k,) in found])
+            _add_tallies(tallies, group.next_phase("events") if done else {})
         if done:
             return True
     return False
 
 
-def _phase_steps(run_id: str, cell_id: int, tomb_pk: int, budget: _Budget) -> bool:
+def _phase_steps(group: _Group, budget: _Budget, now: datetime) -> bool:
     while budget.take():
         with transaction.atomic():
-            n = _rowcount(
-                f'DELETE FROM "{_ST}" WHERE "id" IN (SELECT "id" FROM "{_ST}" WHERE "run_id" = %s LIMIT %s)',
-                [cell_id, PAGE],
-            )
-            done = n < PAGE
-            _progress(tomb_pk, "streams" if done else "steps", {"steps": n})
+            rows = _paged_rows(_ST, '"run_id"', "run_id", group.ids)
+            _delete_ids(_ST, [r[0] for r in rows])
+            done = len(rows) < PAGE
+            _add_tallies(_count((group.cells[r[1]], "steps") for r in rows), group.next_phase("steps") if done else {})
         if done:
             return True
     return False
 
 
-def _phase_streams(run_id: str, cell_id: int, tomb_pk: int, budget: _Budget) -> bool:
+def _phase_streams(group: _Group, budget: _Budget, now: datetime) -> bool:
     """Each registered stream: its chunks in pages, then the stream is closed (kept as a fence); then the registry."""
-    registry = f"run-streams:{run_id}"
+    registries = {f"run-streams:{run_id}": run_id for run_id in group.cells.values()}
     while budget.take():
-        names = _rows(f'SELECT "id", "name" FROM "{_REG}" WHERE "cell" = %s ORDER BY "name" LIMIT %s',
-                      [registry, PAGE])
-        if not names:
+        regs = _paged_rows(_REG, '"cell", "name"', "cell", sorted(registries))
+        if not regs:
             with transaction.atomic():
-                _progress(tomb_pk, "queue", {})
+                _add_tallies({}, group.next_phase("streams"))
             return True
-        for reg_id, name in names:
+        for reg_id, registry, name in regs:
+            run_id = registries[registry]
             stream = _rows(f'SELECT "id" FROM "{_STREAM}" WHERE "name" = %s', [f"stream:{name}"])
             if stream:
                 stream_id = stream[0][0]
@@ -445,82 +524,87 @@ def _phase_streams(run_id: str, cell_id: int, tomb_pk: int, budget: _Budget) -> 
                             f'(SELECT "id" FROM "{_CHUNK}" WHERE "stream_id" = %s LIMIT %s)',
                             [stream_id, PAGE],
                         )
-                        _progress(tomb_pk, "streams", {"stream_chunks": n})
+                        _add_tallies({run_id: {"stream_chunks": n}}, {})
                     if n < PAGE:
                         break
                 # a closed stream refuses late writes ("Cannot write to a closed stream")
                 _rowcount(f'UPDATE "{_STREAM}" SET "closed" = %s WHERE "id" = %s', [True, stream_id])
             with transaction.atomic():
                 _delete_ids(_REG, [reg_id])
-                _progress(tomb_pk, "streams", {"streams": 1})
+                _add_tallies({run_id: {"streams": 1}}, {})
     return False
 
 
-def _delete_queue_rows(run_id: str, budget: _Budget) -> tuple[int, int, bool]:
-    """Delete the run's queue messages and dead letters, each page under its queue cell's lock.
+def _delete_queue_rows(run_ids: list[str], budget: _Budget) -> tuple[dict[str, dict[str, int]], bool]:
+    """Delete the runs' queue messages and dead letters, each page under its queue cell's lock.
 
-    Returns ``(messages, dead letters, finished)``.
+    Returns ``({run: {"messages"|"dead_letters": n}}, finished)``.
     """
     from queueing.models import DeadLetter, Message, QueueCell
 
     lock = " FOR UPDATE" if connection.vendor == "postgresql" else ""
-    totals = [0, 0]
-    for i, model in enumerate((Message, DeadLetter)):
+    tallies: dict[str, dict[str, int]] = {}
+    for kind, model in (("messages", Message), ("dead_letters", DeadLetter)):
         table = model._meta.db_table
         while True:
-            rows = _rows(f'SELECT "id", "cell_id" FROM "{table}" WHERE "run_id" = %s ORDER BY "id" LIMIT %s',
-                         [run_id, PAGE])
+            rows = _paged_rows(table, '"cell_id", "run_id"', "run_id", run_ids)
             if not rows:
                 break
             if not budget.take():
-                return totals[0], totals[1], False
-            by_cell: dict[int, list[int]] = {}
-            for pk, cell_id in rows:
-                by_cell.setdefault(cell_id, []).append(pk)
-            for cell_id, ids in sorted(by_cell.items()):
+                return tallies, False
+            by_cell: dict[int, list[tuple[int, str]]] = {}
+            for pk, cell_id, run_id in rows:
+                by_cell.setdefault(cell_id, []).append((pk, run_id))
+            for cell_id, items in sorted(by_cell.items()):
                 with transaction.atomic():
                     _rows(f'SELECT "id" FROM "{QueueCell._meta.db_table}" WHERE "id" = %s{lock}', [cell_id])
-                    marks = ", ".join(["%s"] * len(ids))
-                    totals[i] += _rowcount(
-                        f'DELETE FROM "{table}" WHERE "id" IN ({marks}) AND "run_id" = %s', [*ids, run_id]
-                    )
+                    _delete_ids(table, [pk for pk, _ in items])
+                for _, run_id in items:
+                    kinds = tallies.setdefault(run_id, {})
+                    kinds[kind] = kinds.get(kind, 0) + 1
             if len(rows) < PAGE:
                 break
-    return totals[0], totals[1], True
+    return tallies, True
 
 
-def _phase_queue(run_id: str, cell_id: int, tomb_pk: int, budget: _Budget) -> bool:
-    messages, dead, done = _delete_queue_rows(run_id, budget)
+def _phase_queue(group: _Group, budget: _Budget, now: datetime) -> bool:
+    tallies, done = _delete_queue_rows(group.runs, budget)
     with transaction.atomic():
-        _progress(tomb_pk, "run" if done else "queue", {"messages": messages, "dead_letters": dead})
+        _add_tallies(tallies, group.next_phase("queue") if done else {})
     return done
 
 
-def _phase_run(run_id: str, cell_id: int, tomb_pk: int, budget: _Budget) -> bool:
-    """The run row (its payloads: input, output, error, executionContext) and the repair records."""
+def _phase_run(group: _Group, budget: _Budget, now: datetime) -> bool:
+    """The run rows (their payloads: input, output, error, executionContext) and the repair records."""
     if not budget.take():
         return False
     with transaction.atomic():
-        n = _rowcount(f'DELETE FROM "{_RN}" WHERE "cell_id" = %s', [cell_id])
-        FlowMessageRecord.objects.filter(run_id=run_id).delete()
-        RunRepair.objects.filter(run_id=run_id).delete()
-        _progress(tomb_pk, "settle", {"runs": n})
+        gone = _rows(f'SELECT "cell_id" FROM "{_RN}" WHERE "cell_id" IN ({_marks(group.ids)})', group.ids)
+        _rowcount(f'DELETE FROM "{_RN}" WHERE "cell_id" IN ({_marks(group.ids)})', group.ids)
+        FlowMessageRecord.objects.filter(run_id__in=group.runs).delete()
+        RunRepair.objects.filter(run_id__in=group.runs).delete()
+        _add_tallies({group.cells[c]: {"runs": 1} for (c,) in gone}, group.next_phase("run"))
     return True
 
 
-def _phase_settle(run_id: str, cell_id: int, tomb_pk: int, budget: _Budget, now: datetime) -> bool:
+def _phase_settle(group: _Group, budget: _Budget, now: datetime) -> bool:
     """Once ``settle_ms`` have passed since the tombstone: repeat the listing-key and queue deletions, finish."""
-    tomb = RunTombstone.objects.get(pk=tomb_pk)
-    if codec.to_utc_ms(tomb.tombstoned_at) + timedelta(milliseconds=settle_ms()) > now:
+    settled = now - timedelta(milliseconds=settle_ms())
+    tombs = list(RunTombstone.objects.filter(run_id__in=group.runs, tombstoned_at__lte=settled)
+                 .values("run_id", "workflow_name", "created_at"))
+    if not tombs:
         return False
-    messages, dead, done = _delete_queue_rows(run_id, budget)
+    run_ids = [t["run_id"] for t in tombs]
+    tallies, done = _delete_queue_rows(run_ids, budget)
     if not done or not budget.take():
         return False
     with transaction.atomic():
-        idx = _delete_index_keys(listing_keys(run_id, tomb.workflow_name, codec.to_utc_ms(tomb.created_at)))
-        _progress(tomb_pk, "done", {"index": idx, "messages": messages, "dead_letters": dead})
-        RunTombstone.objects.filter(pk=tomb_pk).update(cleaned_at=clock.now())
-    return True
+        keys = [k for t in tombs for k in listing_keys(t["run_id"], t["workflow_name"], codec.to_utc_ms(t["created_at"]))]
+        for run_id, n in _delete_index_keys_by_run(keys).items():
+            tallies.setdefault(run_id, {})["index"] = n
+        _add_tallies(tallies, {run_id: "done" for run_id in run_ids})
+        RunTombstone.objects.filter(run_id__in=run_ids).update(cleaned_at=clock.now())
+    return len(run_ids) == len(group.cells)
 
 
 _PHASES = {
@@ -530,37 +614,50 @@ _PHASES = {
     "streams": _phase_streams,
     "queue": _phase_queue,
     "run": _phase_run,
+    "settle": _phase_settle,
 }
 
 
-def clean_run(run_id: str, now: datetime | None = None, *, pages: int = PAGES_PER_TICK) -> bool:
-    """Continue the cleanup of expired run ``run_id`` from its tombstone's phase; True when finished.
+def clean_runs(run_ids: list[str], now: datetime | None = None, *, pages: int = PAGES_PER_TICK) -> tuple[int, int]:
+    """Continue the cleanup of expired runs from their tombstones' phases; ``(finished, left)``.
 
-    Stops early (False) when ``pages`` are used up or the ``settle`` phase is
-    not due yet; a later call continues. Raises nothing for a run without a
-    tombstone (returns False).
+    Runs in the same phase are cleaned together, page by page (at most
+    ``PAGE`` rows per statement and transaction, ``pages`` pages in all);
+    each page records its progress on the tombstones in its own
+    transaction, so a crash resumes at the first uncommitted page (docs/lifecycle.md §4).
+    Raises what a page raises, after recording it on the tombstones
+    (``last_error``); what committed before stays done.
     """
     now = now or clock.now()
-    tomb = RunTombstone.objects.filter(run_id=run_id).values("pk", "phase").first()
-    cell = RunCellState.objects.filter(name=run_id).values_list("pk", flat=True).first()
-    if tomb is None or cell is None:
-        return False
-    if tomb["phase"] == "done":
-        return True
-    RunTombstone.objects.filter(pk=tomb["pk"]).update(attempts=F("attempts") + 1)
+    if not run_ids:
+        return 0, 0
+    tombs = dict(RunTombstone.objects.filter(run_id__in=run_ids).exclude(phase="done").values_list("run_id", "phase"))
+    cells = dict(RunCellState.objects.filter(name__in=list(tombs)).values_list("name", "pk"))
+    if not tombs:
+        return 0, 0
+    RunTombstone.objects.filter(run_id__in=list(tombs)).update(attempts=F("attempts") + 1)
     budget = _Budget(pages)
-    phase = tomb["phase"]
     try:
-        while phase != "done":
-            if phase == "settle":
-                return _phase_settle(run_id, cell, tomb["pk"], budget, now)
-            if not _PHASES[phase](run_id, cell, tomb["pk"], budget):
-                return False
-            phase = CLEANUP_PHASES[CLEANUP_PHASES.index(phase) + 1]
+        for phase in CLEANUP_PHASES[:-1]:
+            members = {cells[r]: r for r, p in tombs.items() if p == phase and r in cells}
+            if not members:
+                continue
+            if _PHASES[phase](_Group(members), budget, now):
+                following = CLEANUP_PHASES[CLEANUP_PHASES.index(phase) + 1]
+                for run_id in members.values():
+                    tombs[run_id] = following
     except Exception as exc:
-        RunTombstone.objects.filter(pk=tomb["pk"]).update(last_error=f"{type(exc).__name__}: {exc}"[:2000])
+        RunTombstone.objects.filter(run_id__in=list(tombs)).exclude(phase="done").update(
+            last_error=f"{type(exc).__name__}: {exc}"[:2000])
         raise
-    return True
+    finished = RunTombstone.objects.filter(run_id__in=list(tombs), phase="done").count()
+    return finished, len(tombs) - finished
+
+
+def clean_run(run_id: str, now: datetime | None = None, *, pages: int = PAGES_PER_TICK) -> bool:
+    """``clean_runs([run_id])``: True when the run's cleanup is finished."""
+    clean_runs([run_id], now, pages=pages)
+    return RunTombstone.objects.filter(run_id=run_id, phase="done").exists()
 
 
 # =========================================================================== the sweep
@@ -603,7 +700,7 @@ def due_runs(now: datetime, limit: int, pol: Policy | None = None) -> list[dict[
 
     Two index range scans (``completed_at`` for terminal retention,
     ``created_at`` for the maximum age); each candidate's deadline is
-    recomputed under its lock by ``expire_run``.
+    recomputed under its lock by ``expire_runs``.
     """
     pol = pol or policy()
     found: dict[str, dict[str, Any]] = {}
@@ -613,14 +710,13 @@ def due_runs(now: datetime, limit: int, pol: Policy | None = None) -> list[dict[
     )
     queries = []
     if pol.retention_ms is not None:
-        cutoff = now - timedelta(milliseconds=pol.retention_ms)
+        cutoff = _db_time(now - timedelta(milliseconds=pol.retention_ms))
         queries.append((select + 'r."completed_at" <= %s AND r."status" IN (%s, %s, %s) ORDER BY r."completed_at" LIMIT %s',
                         [cutoff, *TERMINAL_STATUSES, limit]))
     if pol.max_age_ms is not None:
-        cutoff = now - timedelta(milliseconds=pol.max_age_ms)
+        cutoff = _db_time(now - timedelta(milliseconds=pol.max_age_ms))
         queries.append((select + 'r."created_at" <= %s ORDER BY r."created_at" LIMIT %s', [cutoff, limit]))
     for sql, params in queries:
-        params = [connection.ops.adapt_datetimefield_value(p) if isinstance(p, datetime) else p for p in params]
         for name, status_, created, completed in _rows(sql, params):
             due = pol.deadline(status_, codec.to_utc_ms(created), codec.to_utc_ms(completed) if completed else None)
             if due is None or due[0] > now:
@@ -650,14 +746,17 @@ def _finish(kind: str, report: dict[str, Any], now_ms: int) -> None:
 def sweep(now: datetime | None = None, *, batch: int | None = None, dry_run: bool = False) -> SweepReport:
     """One retention sweep tick (beat, the dev fleet's ticker, ``manage.py retention --now``).
 
-    Order: finish up to ``batch`` unfinished cleanups (oldest tombstone
-    first), then expire and clean due runs up to the rest of ``batch``, then
-    delete up to ``PAGE`` queue messages/dead letters that arrived for
-    already-expired runs. Bounded: at most ``batch`` (≤ 1000) runs and
-    ``PAGES_PER_TICK`` pages. ``report.more`` says a full batch was found
-    (the caller may tick again at once). ``dry_run`` only lists the due
-    runs (``report.candidates``) and writes nothing. A sweep that finds
-    another one running (its lease) does nothing (``report.busy``).
+    Order: continue up to ``batch`` unfinished cleanups (oldest tombstone
+    first; a run waiting for its settle pass takes no slot), then expire
+    the due runs that fill the rest of ``batch`` (one fence transaction for
+    all of them) and clean them, then delete up to ``PAGE`` queue messages/
+    dead letters that arrived for already-expired runs. Bounded: at most
+    ``batch`` (≤ 1000) runs and ``PAGES_PER_TICK`` pages of ≤ ``PAGE`` rows.
+    ``report.more`` says a full batch was found (the caller may tick again at
+    once). ``dry_run`` only lists the due runs (``report.candidates``) and
+    writes nothing. A sweep that finds another one running (its lease) does
+    nothing (``report.busy``). A failing page is logged and counted in
+    ``report.failed``; the next sweep resumes.
     """
     pol = policy()
     now = now or clock.now()
@@ -672,40 +771,32 @@ def sweep(now: datetime | None = None, *, batch: int | None = None, dry_run: boo
         report.finished_at = clock.now_ms()
         return report
     try:
-        budget_pages = PAGES_PER_TICK
-        # unfinished cleanups, oldest first; a settle pass that is not due yet waits without taking a slot
         settling = now - timedelta(milliseconds=settle_ms())
         open_tombs = list(
             RunTombstone.objects.exclude(phase="done").exclude(phase="settle", tombstoned_at__gt=settling)
             .order_by("tombstoned_at").values_list("run_id", flat=True)[:batch]
         )
-        for run_id in open_tombs:
-            try:
-                if clean_run(run_id, now, pages=max(1, budget_pages // max(1, batch))):
-                    report.cleaned += 1
-                    report.resumed += 1
-                else:
-                    report.waiting += 1
-            except Exception:  # noqa: BLE001 - logged; the next sweep resumes this run
-                report.failed += 1
-                log.exception("retention: cleanup of %s failed", run_id)
+        expired: list[str] = []
         left = batch - len(open_tombs)
         if pol.enabled and left > 0:
             due = due_runs(now, left, pol)
             report.more = len(due) >= left
-            for cand in due:
-                try:
-                    if expire_run(cand["runId"], now, pol=pol):
-                        report.expired += 1
-                        if clean_run(cand["runId"], now, pages=max(1, budget_pages // max(1, batch))):
-                            report.cleaned += 1
-                        else:
-                            report.waiting += 1
-                except Exception:  # noqa: BLE001 - logged; the next sweep resumes this run
-                    report.failed += 1
-                    log.exception("retention: expiry of %s failed", cand["runId"])
+            try:
+                expired = expire_runs([c["runId"] for c in due], now, pol=pol)
+            except Exception:  # noqa: BLE001 - logged; nothing of the batch was fenced
+                report.failed += len(due)
+                log.exception("retention: expiring %d runs failed", len(due))
         else:
             report.more = len(open_tombs) >= batch
+        report.expired = len(expired)
+        if open_tombs or expired:
+            try:
+                cleaned, waiting = clean_runs(open_tombs + expired, now)
+                report.cleaned, report.waiting = cleaned, waiting
+            except Exception:  # noqa: BLE001 - logged; the next sweep resumes these runs
+                report.failed += 1
+                log.exception("retention: cleanup failed")
+            report.resumed = len(open_tombs)
         report.stragglers = _delete_stragglers()
     finally:
         report.finished_at = clock.now_ms()
@@ -725,9 +816,9 @@ def _delete_stragglers() -> int:
             f'WHERE m."run_id" IS NOT NULL AND c."expired" LIMIT %s',
             [PAGE],
         )
-        for (run_id,) in runs:
-            messages, dead, _ = _delete_queue_rows(run_id, _Budget(4))
-            total += messages + dead
+        if runs:
+            tallies, _ = _delete_queue_rows([r for (r,) in runs], _Budget(4))
+            total += sum(n for kinds in tallies.values() for n in kinds.values())
     return total
 
 
