@@ -27,7 +27,9 @@ services at single, delimited hook points.
 """
 from __future__ import annotations
 
+import json
 import logging
+import time
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from typing import Any, Iterable
@@ -368,32 +370,60 @@ def _delete_index_keys_by_run(keys: list[str]) -> dict[str, int]:
 
 
 class _Budget:
-    """Pages a sweep tick may still spend."""
+    """Pages a sweep tick may still spend, and the sweep's duty cycle (docs/lifecycle.md §5).
 
-    def __init__(self, pages: int):
+    ``duty`` (0 < duty ≤ 1, ``WORLDCELL_RETENTION_DUTY``): the share of wall
+    time the sweep may work. Before each page it pauses for
+    ``worked × (1/duty − 1)`` (at most 1 s), ``worked`` being the time since
+    the previous page began: at 0.5 it rests as long as it worked, so the
+    fleet's own requests keep most of the CPU and the database.
+    """
+
+    def __init__(self, pages: int, duty: float | None = None):
         self.left = pages
+        self.duty = duty_cycle() if duty is None else duty
+        self._mark = time.monotonic()
 
     def take(self) -> bool:
         if self.left <= 0:
             return False
         self.left -= 1
+        if self.duty < 1:
+            worked = time.monotonic() - self._mark
+            time.sleep(min(1.0, worked * (1 / self.duty - 1)))
+            self._mark = time.monotonic()
         return True
 
 
+def duty_cycle() -> float:
+    """``WORLDCELL_RETENTION_DUTY``: the share of wall time a sweep may work (default 0.5)."""
+    return float(getattr(settings, "WORLDCELL_RETENTION_DUTY", 0.5))
+
+
+_TOMB_LOCK = 'SELECT "id", "run_id", "deleted", "phase" FROM "{t}" WHERE "run_id" IN ({marks}) ORDER BY "id"{lock}'
+
+
 def _add_tallies(tallies: dict[str, dict[str, int]], phases: dict[str, str]) -> None:
-    """Add ``{run: {kind: n}}`` to the tombstones' ``deleted`` and set ``{run: phase}`` (caller's transaction)."""
+    """Add ``{run: {kind: n}}`` to the tombstones' ``deleted`` and set ``{run: phase}`` (caller's transaction).
+
+    The tombstone rows are locked (PostgreSQL) and written with one
+    parameterised UPDATE per row sent as one ``executemany``.
+    """
     run_ids = sorted(set(tallies) | set(phases))
     if not run_ids:
         return
-    tombs = list(RunTombstone.objects.select_for_update().filter(run_id__in=run_ids).order_by("pk"))
-    for tomb in tombs:
-        deleted = dict(tomb.deleted)
-        for kind, n in tallies.get(tomb.run_id, {}).items():
+    postgres = connection.vendor == "postgresql"
+    rows = _rows(_TOMB_LOCK.format(t=_T, marks=_marks(run_ids), lock=" FOR UPDATE" if postgres else ""), run_ids)
+    updates = []
+    for pk, run_id, deleted, phase in rows:
+        deleted = dict(json.loads(deleted) if isinstance(deleted, (str, bytes)) else deleted or {})
+        for kind, n in tallies.get(run_id, {}).items():
             if n:
                 deleted[kind] = deleted.get(kind, 0) + n
-        tomb.deleted = deleted
-        tomb.phase = phases.get(tomb.run_id, tomb.phase)
-    RunTombstone.objects.bulk_update(tombs, ["deleted", "phase"])
+        updates.append([json.dumps(deleted, sort_keys=True), phases.get(run_id, phase), pk])
+    value = "CAST(%s AS jsonb)" if postgres else "%s"
+    with connection.cursor() as cur:
+        cur.executemany(f'UPDATE "{_T}" SET "deleted" = {value}, "phase" = %s WHERE "id" = %s', updates)
 
 
 def _count(pairs: Iterable[tuple[str, str]]) -> dict[str, dict[str, int]]:
@@ -435,8 +465,14 @@ class _Group:
 
 
 def _paged_rows(table: str, select: str, run_column: str, keys: list[Any]) -> list[tuple]:
+    """Up to ``PAGE`` rows of ``table`` whose ``run_column`` is one of ``keys``: ``(id, …select)``.
+
+    No ORDER BY: any page will do (each is deleted before the next is read),
+    and an order on ``id`` would tempt the planner into walking the primary
+    key past every other run's rows instead of using the run's index.
+    """
     return _rows(
-        f'SELECT "id", {select} FROM "{table}" WHERE "{run_column}" IN ({_marks(keys)}) ORDER BY "id" LIMIT %s',
+        f'SELECT "id", {select} FROM "{table}" WHERE "{run_column}" IN ({_marks(keys)}) LIMIT %s',
         [*keys, PAGE],
     )
 
@@ -817,7 +853,7 @@ def _delete_stragglers() -> int:
             [PAGE],
         )
         if runs:
-            tallies, _ = _delete_queue_rows([r for (r,) in runs], _Budget(4))
+            tallies, _ = _delete_queue_rows([r for (r,) in runs], _Budget(4, 1.0))
             total += sum(n for kinds in tallies.values() for n in kinds.values())
     return total
 

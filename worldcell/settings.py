@@ -135,6 +135,13 @@ except ValueError:
     raise ImproperlyConfigured("WORLDCELL_RETENTION_BATCH must be an integer from 1 to 1000") from None
 if not 1 <= WORLDCELL_RETENTION_BATCH <= 1000:
     raise ImproperlyConfigured("WORLDCELL_RETENTION_BATCH must be an integer from 1 to 1000")
+# The share of wall time a sweep may work (0 < duty <= 1); it pauses between pages for the rest.
+try:
+    WORLDCELL_RETENTION_DUTY = float(env.str("WORLDCELL_RETENTION_DUTY", default="0.5"))
+except ValueError:
+    raise ImproperlyConfigured("WORLDCELL_RETENTION_DUTY must be a number above 0 and at most 1") from None
+if not 0 < WORLDCELL_RETENTION_DUTY <= 1:
+    raise ImproperlyConfigured("WORLDCELL_RETENTION_DUTY must be a number above 0 and at most 1")
 # Milliseconds between a run's tombstone and its final "settle" cleanup pass (late in-flight writes).
 WORLDCELL_RETENTION_SETTLE_MS = env.int("WORLDCELL_RETENTION_SETTLE_MS", default=60_000)
 # A run idle (no new event) this long with nothing queued to resume it is re-enqueued; "off" disables.

@@ -87,7 +87,7 @@ def test_durations_parse_units_iso_and_off():
 
 
 @pytest.mark.parametrize("var,value", [("WORLDCELL_RUN_RETENTION", "a week"), ("WORLDCELL_MAX_RUN_AGE", "12 parsecs"),
-                                       ("WORLDCELL_RETENTION_BATCH", "5000")])
+                                       ("WORLDCELL_RETENTION_BATCH", "5000"), ("WORLDCELL_RETENTION_DUTY", "0")])
 def test_an_unparsable_setting_stops_the_fleet_at_startup(var, value, tmp_path):
     env = {k: v for k, v in os.environ.items() if not k.startswith(("DJANGO_", "PYTEST_"))}
     env.update({var: value, "WORLDCELL_DATA_DIR": str(tmp_path), "DATABASE_URL": f"sqlite:///{tmp_path}/x.sqlite3"})
