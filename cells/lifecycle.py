@@ -5,14 +5,16 @@ they completed/failed/were cancelled; every run expires ``WORLDCELL_MAX_RUN_AGE`
 after it was created; when both apply the earlier deadline wins; both are
 off by default (docs/lifecycle.md "Policies").
 
-Expiry of one run (``expire_run``), in ONE short transaction under the run
-cell's row lock: write its ``RunTombstone`` (phase ``hooks``), set
-``RunCellState.expired`` and delete its two listing keys (``run:`` and
+Expiry of a batch of runs (``expire_runs``), in ONE short transaction under
+the run cells' row locks: write each one's ``RunTombstone`` (phase ``hooks``),
+set ``RunCellState.expired`` and delete its two listing keys (``run:`` and
 ``runall:``). From that commit on every read of the run answers
 ``RunExpiredError`` (HTTP 410), every ``applyEvent`` the ``RUN_EXPIRED``
 outcome, listings no longer see it — whatever of its data is still there.
-Then ``clean_run`` deletes the data in pages of at most ``PAGE`` rows, one
-short transaction per page that also records the progress on the tombstone,
+Then ``clean_runs`` deletes the data in pages of at most ``PAGE`` rows (runs
+in the same phase together), one short transaction per page that also
+records the progress on the tombstones, with a pause between pages
+(``WORLDCELL_RETENTION_DUTY``),
 phase by phase (``CLEANUP_PHASES``): hooks (and their index entries), events
 (and their ``correlation:`` keys), steps, stream chunks and registry, queue
 messages and dead letters, the run row, then a ``settle`` phase that repeats
