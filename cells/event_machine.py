@@ -44,13 +44,13 @@ from typing import Any
 
 from worldcell import codec
 from worldcell.errors import ValidationError
+from worldcell.keys import storable_text
 
 from .event_schemas import (
     ABSENT,
     compact,
     is_number,
     member,
-    storable_text,
     validate_event,
     validate_hook,
     validate_run,

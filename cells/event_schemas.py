@@ -27,6 +27,7 @@ from typing import Any, Callable
 
 from worldcell.codec import from_epoch_ms, parse_date_string, to_utc_ms
 from worldcell.errors import ValidationError
+from worldcell.keys import fits_utf8, storable_text
 
 __all__ = [
     "ABSENT",
@@ -38,7 +39,6 @@ __all__ = [
     "check_indexed_size",
     "compact",
     "member",
-    "storable_text",
     "validate_event",
     "validate_hook",
     "validate_run",
@@ -150,23 +150,6 @@ def _string(value: Any, path: str) -> str:
     return value
 
 
-def storable_text(text: str) -> bool:
-    """Whether a text column can hold ``text`` as is.
-
-    PostgreSQL ``text`` rejects U+0000 and an unpaired surrogate is not
-    UTF-8, so ids, names and tokens kept in their own (indexed) columns must
-    be free of both. Payloads are unaffected: they are stored codec-encoded,
-    where such characters travel as ``\\uXXXX`` escapes.
-    """
-    if "\x00" in text:
-        return False
-    try:
-        text.encode("utf-8")
-    except UnicodeEncodeError:
-        return False
-    return True
-
-
 def _column_string(value: Any, path: str) -> str:
     """A string that is also stored in a column of its own (see ``storable_text``)."""
     text = _string(value, path)
@@ -180,7 +163,7 @@ def check_indexed_size(text: str, path: str, max_bytes: int) -> str:
 
     ``text`` must already be storable (``storable_text``).
     """
-    if len(text) * 4 > max_bytes and len(text.encode("utf-8")) > max_bytes:
+    if not fits_utf8(text, max_bytes):
         raise ValidationError(f"{path}: longer than {max_bytes} UTF-8 bytes")
     return text
 

@@ -25,11 +25,12 @@ from django.db import transaction
 
 from worldcell import clock, codec
 from worldcell.errors import CellError, ValidationError
+from worldcell.keys import require_storable
 
 from . import lifecycle
 from .models import IndexEntry, lock_hook_token
 
-__all__ = ["IndexCell", "require_text", "prefix_upper_bound"]
+__all__ = ["IndexCell", "prefix_upper_bound"]
 
 #: Default page size of ``list`` (§4.0 P3).
 DEFAULT_LIST_LIMIT = 1000
@@ -43,31 +44,6 @@ _FETCH_CAP = 2**31 - 2
 _ABSENT: Any = object()
 #: Key families whose writes are serialized per token (§6.1).
 _TOKEN_FAMILIES = ("hook:", "hookclaim:")
-
-
-def require_text(value: Any, field: str, *, max_bytes: int | None = None) -> str:
-    """Return ``value`` if it is a string the database can store, else raise ValidationError (400).
-
-    Args:
-        value: the argument to check (``_ABSENT``/None count as missing).
-        field: its name for the message, e.g. ``key`` or ``options.prefix``.
-        max_bytes: optional limit on the UTF-8 length.
-
-    Raises ValidationError when ``value`` is not a string, contains U+0000 or
-    an unpaired surrogate (PostgreSQL text cannot hold either), or is longer
-    than ``max_bytes``.
-    """
-    if not isinstance(value, str):
-        raise ValidationError(f"{field}: expected a string")
-    try:
-        size = len(value.encode("utf-8"))
-    except UnicodeEncodeError:
-        raise ValidationError(f"{field}: must not contain unpaired surrogates") from None
-    if "\x00" in value:
-        raise ValidationError(f"{field}: must not contain U+0000")
-    if max_bytes is not None and size > max_bytes:
-        raise ValidationError(f"{field}: longer than {max_bytes} UTF-8 bytes")
-    return value
 
 
 def prefix_upper_bound(prefix: str) -> str | None:
@@ -158,12 +134,12 @@ class IndexCell:
     """
 
     def __init__(self, name: str):
-        self.name = require_text(name, "cell name", max_bytes=CELL_NAME_MAX_BYTES)
+        self.name = require_storable(name, "cell name", max_bytes=CELL_NAME_MAX_BYTES)
 
     # ------------------------------------------------------------ plain KV (§6.2)
 
     def _key(self, key: Any, field: str = "key") -> str:
-        return require_text(key, field, max_bytes=KEY_MAX_BYTES)
+        return require_storable(key, field, max_bytes=KEY_MAX_BYTES)
 
     def get(self, key: Any = _ABSENT) -> Any:
         """``get(key)`` -> the stored value (any JSON value, bytes, dates) or None when absent.
@@ -228,10 +204,10 @@ class IndexCell:
         if not isinstance(options, dict):
             raise ValidationError("options: expected an object or null")
         prefix = options.get("prefix")
-        prefix = "" if prefix is None else require_text(prefix, "options.prefix")
+        prefix = "" if prefix is None else require_storable(prefix, "options.prefix")
         cursor = options.get("cursor")
         if cursor is not None:
-            cursor = require_text(cursor, "options.cursor")
+            cursor = require_storable(cursor, "options.cursor")
         limit = options.get("limit")
         if limit is None:
             limit = DEFAULT_LIST_LIMIT
@@ -265,7 +241,7 @@ class IndexCell:
 
     def _token(self, token: Any) -> str:
         # The longest family prefix ("hookclaim:") must still fit KEY_MAX_BYTES.
-        return require_text(token, "token", max_bytes=KEY_MAX_BYTES - len("hookclaim:"))
+        return require_storable(token, "token", max_bytes=KEY_MAX_BYTES - len("hookclaim:"))
 
     def reserve_hook_token(self, token: Any = _ABSENT, owner: Any = _ABSENT) -> dict[str, Any]:
         """``reserveHookToken(token, owner)`` -> ``{"claimed":true}`` or ``{"claimed":false,"holder":…}``.
@@ -311,7 +287,7 @@ class IndexCell:
         Raises ValidationError (400) for mis-typed arguments.
         """
         token = self._token(token)
-        hook_id = require_text(hook_id, "hookId", max_bytes=KEY_MAX_BYTES - len("hookid:"))
+        hook_id = require_storable(hook_id, "hookId", max_bytes=KEY_MAX_BYTES - len("hookid:"))
         if not isinstance(serialized_hook, str):
             raise ValidationError("serializedHook: expected a string")
         owner = _owner_arg(owner)
@@ -354,7 +330,7 @@ class IndexCell:
         ``SyntaxError`` (500) when a stored hook value is not JSON.
         """
         token = self._token(token)
-        hook_id = require_text(hook_id, "hookId", max_bytes=KEY_MAX_BYTES - len("hookid:"))
+        hook_id = require_storable(hook_id, "hookId", max_bytes=KEY_MAX_BYTES - len("hookid:"))
         owner = _owner_arg(owner)
         hook_key, id_key, claim_key = f"hook:{token}", f"hookid:{hook_id}", f"hookclaim:{token}"
         with transaction.atomic():

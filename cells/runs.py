@@ -28,10 +28,11 @@ from django.db import transaction
 
 from worldcell import clock
 from worldcell.errors import ValidationError
+from worldcell.keys import fits_utf8, storable_text
 
 from . import event_machine, lifecycle
 from .event_machine import js_string
-from .event_schemas import ABSENT, ID_MAX_BYTES, check_indexed_size, storable_text
+from .event_schemas import ABSENT, ID_MAX_BYTES, check_indexed_size
 from .models.runs import LockedRunCell, is_missing_prepared_statement, read_event, read_page, read_run, read_step
 
 __all__ = ["RunCell"]
@@ -166,7 +167,7 @@ class RunCell:
 
 
 def _fits(text: str, max_bytes: int) -> bool:
-    return storable_text(text) and (len(text) * 4 <= max_bytes or len(text.encode("utf-8")) <= max_bytes)
+    return storable_text(text) and fits_utf8(text, max_bytes)
 
 
 def _page_params(params: Any, default_limit: int) -> tuple[int, str | None, bool]:

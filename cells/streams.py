@@ -19,9 +19,9 @@ from typing import Any
 
 from worldcell import clock, codec
 from worldcell.errors import CellError, ValidationError
+from worldcell.keys import require_storable
 
 from . import lifecycle
-from .index import require_text
 from .models import Stream, StreamRegistration
 
 __all__ = ["StreamCell"]
@@ -52,7 +52,7 @@ class StreamCell:
     """
 
     def __init__(self, name: str):
-        self.name = require_text(name, "cell name", max_bytes=NAME_MAX_BYTES)
+        self.name = require_storable(name, "cell name", max_bytes=NAME_MAX_BYTES)
 
     # ------------------------------------------------------------ chunk role
 
@@ -124,7 +124,7 @@ class StreamCell:
 
         Raises ValidationError (400) for a non-string name.
         """
-        name = require_text(name, "name", max_bytes=NAME_MAX_BYTES)
+        name = require_storable(name, "name", max_bytes=NAME_MAX_BYTES)
         if self.name.startswith("run-streams:"):  # no registry for an expired run (docs/lifecycle.md)
             lifecycle.raise_if_expired(self.name[len("run-streams:"):])
         StreamRegistration.objects.register(self.name, name, clock.now())

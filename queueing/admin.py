@@ -286,17 +286,62 @@ class QueueCellAdmin(OperatorModelAdmin):
 # --------------------------------------------------------------------------- messages
 
 
-class MessageAdmin(OperatorModelAdmin):
+class _StoredMessageAdmin:
+    """What the message and dead-letter pages share: exact search, body previews, the run link.
+
+    Both rows keep the body codec-encoded in ``body``: lists load a short
+    preview of it (``display.payload_annotations``), a detail page a long one.
+    """
+
+    search_fields = ("message_id",)  # shows the search box; the search itself is get_search_results
+    search_help_text = "Exact match on a message id, idempotency key or queue name."
+    list_select_related = ("cell",)
+
+    def get_queryset(self, request):
+        """Rows with a short preview of the body instead of the body."""
+        return (
+            super().get_queryset(request).defer("body")
+            .annotate(**display.payload_annotations("body", head=display.INLINE_HEAD_CHARS))
+        )
+
+    def get_object(self, request, object_id, from_field=None):
+        """One row with a long preview of its body; None when there is no such row."""
+        try:
+            return (
+                super().get_queryset(request).select_related("cell").defer("body")
+                .annotate(**display.payload_annotations("body")).get(pk=int(object_id))
+            )
+        except (self.model.DoesNotExist, ValueError, TypeError):
+            return None
+
+    def get_search_results(self, request, queryset, search_term):
+        return _exact_search(queryset, search_term)
+
+    @admin.display(description="enqueued")
+    def enqueued(self, obj) -> str:
+        return format_epoch_ms(obj.enqueued_at)
+
+    @admin.display(description="body")
+    def body_preview(self, obj) -> str:
+        return display.render_queue_body(display.stored_text(obj, "body"), inline=True, budget=LIST_PREVIEW_CHARS)
+
+    @admin.display(description="body")
+    def body_display(self, obj) -> str:
+        return display.render_queue_body(display.stored_text(obj, "body"))
+
+    @admin.display(description="run")
+    def run(self, obj) -> str:
+        return _run_link(display.stored_text(obj, "body")) or "—"
+
+
+class MessageAdmin(_StoredMessageAdmin, OperatorModelAdmin):
     """Live queue messages, read-only: what is due, what is in flight, why deliveries fail."""
 
     list_display = (
         "message_id", "cell", "state_badge", "queue_name", "attempt", "last_error_short", "next_event", "body_preview",
     )
     list_filter = ("cell", StateFilter, "pathname")
-    search_fields = ("message_id",)  # shows the search box; the search itself is get_search_results
-    search_help_text = "Exact match on a message id, idempotency key or queue name."
     ordering = ("cell", "due_at", "message_id")
-    list_select_related = ("cell",)
     fieldsets = (
         (None, {"fields": ("message_id", "cell", "state_badge", "queue_name", "pathname", "target_base_url",
                            "idempotency_key", "run")}),
@@ -309,26 +354,6 @@ class MessageAdmin(OperatorModelAdmin):
         "attempt", "deliveries", "last_status", "last_error", "last_attempt", "enqueued", "due", "claim_deadline",
         "delivery_started", "updated", "body_display",
     )
-
-    def get_queryset(self, request):
-        """Messages with a short preview of the body instead of the body."""
-        return (
-            super().get_queryset(request).defer("body")
-            .annotate(**display.payload_annotations("body", head=display.INLINE_HEAD_CHARS))
-        )
-
-    def get_object(self, request, object_id, from_field=None):
-        """One message with a long preview of its body."""
-        try:
-            return (
-                super().get_queryset(request).select_related("cell").defer("body")
-                .annotate(**display.payload_annotations("body")).get(pk=int(object_id))
-            )
-        except (Message.DoesNotExist, ValueError, TypeError):
-            return None
-
-    def get_search_results(self, request, queryset, search_term):
-        return _exact_search(queryset, search_term)
 
     @admin.display(description="state")
     def state_badge(self, obj: Message) -> str:
@@ -365,41 +390,22 @@ class MessageAdmin(OperatorModelAdmin):
     def last_attempt(self, obj: Message) -> str:
         return format_epoch_ms(obj.last_attempt_at)
 
-    @admin.display(description="enqueued")
-    def enqueued(self, obj: Message) -> str:
-        return format_epoch_ms(obj.enqueued_at)
-
     @admin.display(description="updated")
     def updated(self, obj: Message) -> str:
         return format_epoch_ms(obj.updated_at)
-
-    @admin.display(description="body")
-    def body_preview(self, obj: Message) -> str:
-        return display.render_queue_body(display.stored_text(obj, "body"), inline=True, budget=LIST_PREVIEW_CHARS)
-
-    @admin.display(description="body")
-    def body_display(self, obj: Message) -> str:
-        return display.render_queue_body(display.stored_text(obj, "body"))
-
-    @admin.display(description="run")
-    def run(self, obj: Message) -> str:
-        return _run_link(display.stored_text(obj, "body")) or "—"
 
 
 # --------------------------------------------------------------------------- dead letters
 
 
-class DeadLetterAdmin(OperatorModelAdmin):
+class DeadLetterAdmin(_StoredMessageAdmin, OperatorModelAdmin):
     """Dead letters with "Redrive", "Purge" and "Purge all…" (see the module docstring)."""
 
     list_display = (
         "message_id", "cell", "pathname", "queue_name", "attempt", "last_error_short", "failed", "body_preview",
     )
     list_filter = ("cell", "pathname", distinct_values_filter("queue_name", "queue name"), FailedAtFilter)
-    search_fields = ("message_id",)  # shows the search box; the search itself is get_search_results
-    search_help_text = "Exact match on a message id, idempotency key or queue name."
     ordering = ("-failed_at", "-id")
-    list_select_related = ("cell",)
     actions = ("redrive_selected", "purge_selected")
     change_list_template = "admin/queueing/deadletter/change_list.html"
     change_form_template = "admin/queueing/deadletter/change_form.html"
@@ -414,26 +420,6 @@ class DeadLetterAdmin(OperatorModelAdmin):
         "attempt", "deliveries", "last_status", "last_error", "enqueued", "failed", "body_display",
     )
 
-    def get_queryset(self, request):
-        """Dead letters with a short preview of the body instead of the body."""
-        return (
-            super().get_queryset(request).defer("body")
-            .annotate(**display.payload_annotations("body", head=display.INLINE_HEAD_CHARS))
-        )
-
-    def get_object(self, request, object_id, from_field=None):
-        """One dead letter with a long preview of its body."""
-        try:
-            return (
-                super().get_queryset(request).select_related("cell").defer("body")
-                .annotate(**display.payload_annotations("body")).get(pk=int(object_id))
-            )
-        except (DeadLetter.DoesNotExist, ValueError, TypeError):
-            return None
-
-    def get_search_results(self, request, queryset, search_term):
-        return _exact_search(queryset, search_term)
-
     # ------------------------------------------------------------------ columns
 
     @admin.display(description="last error")
@@ -443,22 +429,6 @@ class DeadLetterAdmin(OperatorModelAdmin):
     @admin.display(description="failed at", ordering="failed_at")
     def failed(self, obj: DeadLetter) -> str:
         return format_epoch_ms(obj.failed_at)
-
-    @admin.display(description="enqueued")
-    def enqueued(self, obj: DeadLetter) -> str:
-        return format_epoch_ms(obj.enqueued_at)
-
-    @admin.display(description="body")
-    def body_preview(self, obj: DeadLetter) -> str:
-        return display.render_queue_body(display.stored_text(obj, "body"), inline=True, budget=LIST_PREVIEW_CHARS)
-
-    @admin.display(description="body")
-    def body_display(self, obj: DeadLetter) -> str:
-        return display.render_queue_body(display.stored_text(obj, "body"))
-
-    @admin.display(description="run")
-    def run(self, obj: DeadLetter) -> str:
-        return _run_link(display.stored_text(obj, "body")) or "—"
 
     # ------------------------------------------------------------------ permissions
 

@@ -28,23 +28,9 @@ from django.db import models
 from django.db.models import Q
 
 from worldcell import codec
+from worldcell.fields import BytewiseTextField  # re-exported: the migrations name it here
 
 __all__ = ["BytewiseTextField", "DeadLetter", "Message", "QueueCell"]
-
-
-class BytewiseTextField(models.TextField):
-    """Text that compares and orders by UTF-8 bytes (PROTOCOL.md §1.3, §12 A3).
-
-    PostgreSQL gets ``COLLATE "C"`` on the column (so ``ORDER BY`` and ``>``
-    and the btree on it are bytewise); SQLite's default BINARY collation
-    already is. Chosen per connection, so one migration serves both databases.
-    """
-
-    def db_parameters(self, connection):
-        params = super().db_parameters(connection)
-        if connection.vendor == "postgresql":
-            params["collation"] = "C"
-        return params
 
 
 class QueueCell(models.Model):

@@ -32,6 +32,7 @@ import math
 from typing import Any
 
 from worldcell.errors import ValidationError
+from worldcell.keys import fits_utf8, storable_text
 
 from . import machine
 from .runref import run_of_message
@@ -49,15 +50,12 @@ TARGET_BASE_URL_MAX_BYTES = 8192
 
 
 def _storable(text: str, field: str, max_bytes: int | None = None) -> str:
-    """``text`` unless it holds U+0000 or a lone surrogate (neither fits a text column)
-    or is longer than ``max_bytes`` UTF-8 bytes."""
-    if "\x00" in text:
-        raise ValidationError(f"{field}: must not contain U+0000")
-    try:
-        size = len(text.encode("utf-8"))
-    except UnicodeEncodeError:
-        raise ValidationError(f"{field}: must not contain a lone surrogate") from None
-    if max_bytes is not None and size > max_bytes:
+    """``text`` unless a text column cannot hold it (``worldcell.keys.storable_text``: U+0000, a lone
+    surrogate) or it is longer than ``max_bytes`` UTF-8 bytes; else ValidationError (400) naming ``field``."""
+    if not storable_text(text):
+        problem = "U+0000" if "\x00" in text else "a lone surrogate"
+        raise ValidationError(f"{field}: must not contain {problem}")
+    if max_bytes is not None and not fits_utf8(text, max_bytes):
         raise ValidationError(f"{field}: longer than {max_bytes} UTF-8 bytes")
     return text
 

@@ -48,7 +48,7 @@ from .pump import LocalPump
 
 log = logging.getLogger("queueing.tasks")
 
-__all__ = ["deliver_message", "fire_due_alarms", "send_deliveries", "wake_cell", "worker_pump"]
+__all__ = ["deliver_message", "fire_due_alarms", "send_deliveries", "send_wake", "wake_cell", "worker_pump"]
 
 #: Seconds between the worker pump's own ticks (wake-ups and beat poke it in between).
 WORKER_PUMP_INTERVAL_S = 1.0
@@ -110,6 +110,11 @@ def wake_cell(cell_name: str) -> int:
     wake.forget_scheduled(cell_name)
     worker_pump().wake(cell_name)
     return 0
+
+
+def send_wake(cell_name: str, options: dict) -> None:
+    """Queue one ``wake_cell`` task (``apply_async`` options: ``countdown``, ``expires``); registered with ``wake``."""
+    wake_cell.apply_async((cell_name,), **options)
 
 
 #: Deliveries one ``deliver_message`` task makes in a row while it keeps refilling its own slot.

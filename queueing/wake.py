@@ -15,12 +15,16 @@ second) or the pump's tick (every 25 ms) fires every due alarm anyway.
   Celery ETA). A delivery refills its own freed in-flight slot in its outcome
   transaction, so a busy cell needs no wake-ups at all.
 * ``register_pump`` / ``current_pump`` — the process's ``LocalPump``, if any.
+* ``register_broker(send)`` — the Celery driver's sender of wake-up tasks,
+  registered at app start (``QueueingConfig.ready``), so that the queue never
+  imports its own driver (``queueing.tasks`` imports the state machine, which
+  imports this module).
 """
 from __future__ import annotations
 
 import logging
 import threading
-from typing import Any, Protocol
+from typing import Any, Callable, Protocol
 
 from django.conf import settings
 
@@ -36,6 +40,7 @@ __all__ = [
     "after_transition",
     "current_pump",
     "forget_scheduled",
+    "register_broker",
     "register_pump",
     "unregister_pump",
     "wake_cell",
@@ -52,7 +57,11 @@ class Pump(Protocol):
     def wake(self, cell_name: str | None = None, at_ms: int | None = None) -> None: ...
 
 
+#: ``send(cell_name, apply_async_options)``: queue one ``queueing.tasks.wake_cell`` task.
+BrokerSend = Callable[[str, dict[str, Any]], None]
+
 _pump: Pump | None = None
+_broker_send: BrokerSend | None = None
 _pump_lock = threading.Lock()
 # cell name -> epoch ms of the countdown wake this process already sent
 _scheduled: dict[str, int] = {}
@@ -64,6 +73,12 @@ def register_pump(pump: Pump) -> None:
     global _pump
     with _pump_lock:
         _pump = pump
+
+
+def register_broker(send: BrokerSend) -> None:
+    """Make ``send`` the way wake-ups reach Celery workers (``WORLDCELL_USE_CELERY``; see ``queueing.tasks``)."""
+    global _broker_send
+    _broker_send = send
 
 
 def unregister_pump(pump: Pump) -> None:
@@ -103,8 +118,9 @@ def wake_cell(name: str, at_ms: int | None = None, now: int | None = None) -> No
 
 
 def _send_celery_wake(name: str, delay_ms: int, now: int) -> None:
-    from .tasks import wake_cell as wake_task
-
+    send = _broker_send
+    if send is None:
+        raise RuntimeError("WORLDCELL_USE_CELERY is on but no Celery driver registered (queueing.apps)")
     options: dict[str, Any] = {}
     if delay_ms > config.MIN_ALARM_DELAY_MS:
         at = now + delay_ms
@@ -118,7 +134,7 @@ def _send_celery_wake(name: str, delay_ms: int, now: int) -> None:
                     del _scheduled[key]
         options["countdown"] = delay_ms / 1000.0 + 0.002
     options["expires"] = options.get("countdown", 0.0) + _WAKE_EXPIRES_S
-    wake_task.apply_async((name,), **options)
+    send(name, options)
 
 
 def forget_scheduled(name: str) -> None:

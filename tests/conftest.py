@@ -14,6 +14,7 @@ import pytest
 from django.conf import settings as dj_settings
 from django.test import Client
 
+from worldcell import clock as world_clock
 from worldcell import codec
 
 SECRET = "s3cret"
@@ -78,3 +79,14 @@ def world_secret(settings):
 @pytest.fixture
 def rpc(world_secret, client) -> RpcClient:
     return RpcClient(client)
+
+
+@pytest.fixture
+def frozen_clock():
+    """The server clock stopped at 2026-01-02T03:04:05.678Z; move it with ``advance`` (used by runs and admin tests)."""
+    from tests.runs.support import Clock
+
+    fake = Clock(1_767_323_045_678)
+    world_clock.set_clock(fake)
+    yield fake
+    world_clock.set_clock(None)

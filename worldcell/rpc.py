@@ -32,6 +32,12 @@ class BodyTooLarge(Exception):
     """The request body exceeded MAX_BODY_BYTES while it was being read."""
 
 
+class BodyUnreadable(Exception):
+    """The request body could not be read whole: broken chunked framing, or the
+    connection ended before ``Content-Length`` bytes arrived (docs/http-servers.md "Broken framing").
+    """
+
+
 def json_response(body: bytes | str, status: int = 200) -> HttpResponse:
     """An ``application/json`` response with ``body`` as given."""
     return HttpResponse(body, status=status, content_type="application/json")
@@ -85,26 +91,37 @@ def decode_cell_name(segment: str) -> str | None:
 
 
 def _read_body(request: HttpRequest) -> bytes:
-    """Read the body, never more than MAX_BODY_BYTES + 1 bytes (§2.2 checks 9-10).
+    """Read the whole body, never more than MAX_BODY_BYTES + 1 bytes (§2.2 checks 9-10).
 
-    Raises BodyTooLarge as soon as the running total passes the cap.
+    Returns the body bytes. Raises BodyTooLarge as soon as the running total
+    passes the cap, and BodyUnreadable when the server's ``wsgi.input`` fails
+    (gunicorn raises ``InvalidChunkSize``/``NoMoreData``/``ChunkMissingTerminator``
+    or a parse error of the trailers; Django wraps ``OSError`` as
+    ``UnreadablePostError``) or returns fewer bytes than ``Content-Length``
+    declared (gunicorn's reader returns short when the client half-closes).
+    A body cut anywhere is never handed to a cell (docs/http-servers.md).
     """
     meta = request.META
-    length_text = meta.get("CONTENT_LENGTH") or ""
+    length_text = (meta.get("CONTENT_LENGTH") or "").strip()
     buf = bytearray()
-    if length_text.strip():
+    if length_text:
         stream = request  # Django limits reads to CONTENT_LENGTH
     elif "chunked" in meta.get("HTTP_TRANSFER_ENCODING", "").lower():
         stream = meta["wsgi.input"]  # Django would see an empty body here
     else:
         return b""
     while True:
-        chunk = stream.read(_READ_CHUNK)
+        try:
+            chunk = stream.read(_READ_CHUNK)
+        except Exception as exc:  # noqa: BLE001 - any failure of the server's reader is the client's framing
+            raise BodyUnreadable(f"{type(exc).__name__} after {len(buf)} bytes") from exc
         if not chunk:
             break
         buf += chunk
         if len(buf) > MAX_BODY_BYTES:
             raise BodyTooLarge()
+    if length_text.isdigit() and len(buf) < int(length_text):
+        raise BodyUnreadable(f"body ended after {len(buf)} of {int(length_text)} bytes")
     return bytes(buf)
 
 
@@ -120,13 +137,17 @@ def handle(request: HttpRequest) -> HttpResponse:
     """Answer one request under ``/v1`` following PROTOCOL.md §2.2 step by step.
 
     A ``HEAD`` request gets the status and headers of the answer with no body
-    (RFC 9110 §9.3.2), so a kept-alive connection stays in sync.
+    (RFC 9110 §9.3.2), so a kept-alive connection stays in sync. Every answer
+    carries ``Content-Length``: without it waitress falls back to a chunked
+    answer and closes the connection after it (no keep-alive, pipelined
+    requests dropped; docs/http-servers.md).
 
     Returns the HTTP response; never raises for bad input. Method errors are
     500 (``CellError`` name/message), validation errors 400, and unexpected
     exceptions 500 with their class name, logged with a traceback.
     """
     response = _answer(request)
+    response["Content-Length"] = str(len(response.content))
     if request.method == "HEAD":
         response.content = b""
     return response
@@ -164,6 +185,9 @@ def _answer(request: HttpRequest) -> HttpResponse:
         body = _read_body(request)
     except BodyTooLarge:
         return error_response(413, "PayloadTooLarge", f"body exceeds {MAX_BODY_BYTES} bytes")
+    except BodyUnreadable as exc:
+        log.info("%s %s: unreadable body: %s", request.method, path, exc)
+        return error_response(400, "BadRequest", f"unreadable request body: {exc}")
     try:
         args = codec.decode(body)
     except codec.DecodeError:

@@ -21,7 +21,7 @@ from typing import Iterable
 
 from django.db import connection, models
 
-from .runs import BytewiseTextField  # COLLATE "C" on PostgreSQL, chosen when the migration is applied
+from worldcell.fields import BytewiseTextField  # COLLATE "C" on PostgreSQL, chosen when the migration is applied
 
 __all__ = ["IndexEntry", "IndexEntryManager", "lock_hook_token"]
 

@@ -42,9 +42,10 @@ from typing import Any, Iterable, Iterator
 from django.db import DEFAULT_DB_ALIAS, connections, models
 
 from worldcell import codec
+from worldcell.fields import BytewiseTextField  # also the path the migrations name
+from worldcell.keys import storable_text as _storable
 
 from ..event_schemas import RUN_STATUSES, STEP_STATUSES
-from ..event_schemas import storable_text as _storable
 
 __all__ = [
     "BytewiseTextField",
@@ -61,22 +62,6 @@ __all__ = [
     "read_run",
     "read_step",
 ]
-
-
-class BytewiseTextField(models.TextField):
-    """Text that orders and compares by UTF-8 bytes (= Unicode code points, §1.3, §12 A3).
-
-    PostgreSQL: the column gets ``COLLATE "C"``, so ``<``/``>``/``ORDER BY``
-    and the btree built on it are bytewise. SQLite: the default BINARY
-    collation already is. The collation is chosen per connection, so one
-    migration serves both databases.
-    """
-
-    def db_parameters(self, connection):
-        params = super().db_parameters(connection)
-        if connection.vendor == "postgresql":
-            params["collation"] = "C"
-        return params
 
 
 # How ``EntityRow.entity_from_row`` turns a column value into a member value.

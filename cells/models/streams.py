@@ -27,7 +27,7 @@ from typing import Any, Iterator
 
 from django.db import connection, models, transaction
 
-from .runs import BytewiseTextField
+from worldcell.fields import BytewiseTextField
 
 __all__ = ["Stream", "StreamChunk", "StreamManager", "StreamRegistration", "StreamRegistrationManager"]
 

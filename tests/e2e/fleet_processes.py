@@ -1,15 +1,21 @@
 """Start a real fleet in subprocesses for end-to-end tests.
 
 * ``dev_fleet(db_url)`` — ``manage.py devfleet`` (waitress + in-process pump, no broker).
-* ``celery_fleet(db_url)`` — ``manage.py migrate``, gunicorn (gthread), a Celery
-  worker (threads pool) and Celery beat, against PostgreSQL and Redis.
+* ``celery_fleet(db_url)`` — ``manage.py migrate``, the API server as the README's
+  production section starts it, a Celery worker (threads pool) and Celery beat, against
+  PostgreSQL and Redis.
+* ``api_server(kind, db_url)`` — ``manage.py migrate`` and one API server
+  (``"waitress"`` or ``"gunicorn"``, the README's command lines) on a free port.
+* ``fresh_database(tmp_path)`` — a brand-new database URL (PostgreSQL when the test
+  session runs on it, else a SQLite file), dropped afterwards.
 
-Both yield ``(url, secret)`` and stop every process afterwards.
+They yield ``(url, secret, processes)`` and stop every process afterwards.
 """
 from __future__ import annotations
 
 import contextlib
 import os
+import shlex
 import signal
 import socket
 import subprocess
@@ -19,9 +25,32 @@ import uuid
 from pathlib import Path
 
 import httpx
+import psycopg
 
 ROOT = Path(__file__).resolve().parents[2]
 PY = sys.executable
+
+
+README = ROOT / "README.md"
+API_SERVERS = {"waitress": "waitress-serve", "gunicorn": "gunicorn"}
+README_LISTEN = {"waitress": "127.0.0.1:8787", "gunicorn": "127.0.0.1:8000"}  # gunicorn sits behind nginx
+
+
+def readme_api_command(kind: str, port: int) -> list[str]:
+    """The README production section's command line for API server ``kind``, on ``port``.
+
+    ``kind`` is ``"waitress"`` (the production command) or ``"gunicorn"`` (the
+    commented alternative). The line is read from README.md so the tests start
+    the server exactly as an operator would; raises LookupError when the README
+    has no such line.
+    """
+    exe, listen = API_SERVERS[kind], README_LISTEN[kind]
+    for line in README.read_text().splitlines():
+        text = line.strip().removeprefix("# ").strip()
+        if text.startswith(exe + " ") and listen in text:
+            argv = shlex.split(text.replace(listen, f"127.0.0.1:{port}"))
+            return [str(Path(PY).parent / argv[0]), *argv[1:]]
+    raise LookupError(f"README.md has no {exe} command line listening on {listen}")
 
 
 def free_port() -> int:
@@ -71,6 +100,51 @@ def base_env(db_url: str, secret: str, data_dir: Path, **extra: str) -> dict[str
 
 
 @contextlib.contextmanager
+def fresh_database(tmp_path: Path, postgres: dict | None = None):
+    """Yield the URL of a new empty database; dropped afterwards.
+
+    ``postgres`` is Django's ``DATABASES["default"]`` when the session runs on
+    PostgreSQL (a ``worldcell_e2e_<hex>`` database is created on that server),
+    else None (a SQLite file in ``tmp_path``).
+    """
+    if postgres is None:
+        yield f"sqlite:///{tmp_path / 'fleet.sqlite3'}"
+        return
+    host, port, user = postgres["HOST"] or "127.0.0.1", postgres["PORT"] or 5432, postgres["USER"] or "postgres"
+    name = f"worldcell_e2e_{uuid.uuid4().hex[:8]}"
+    admin = f"host={host} port={port} user={user} dbname=postgres"
+    with psycopg.connect(admin, autocommit=True) as conn:
+        conn.execute(f'CREATE DATABASE "{name}"')
+    try:
+        yield f"postgres://{user}@{host}:{port}/{name}"
+    finally:
+        with psycopg.connect(admin, autocommit=True) as conn:
+            conn.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+
+
+@contextlib.contextmanager
+def api_server(kind: str, db_url: str, data_dir: Path, log_path: Path, extra_env: dict[str, str] | None = None):
+    """Migrate ``db_url`` and run API server ``kind`` as the README starts it; yields ``(url, secret, proc)``.
+
+    No broker and no pump (``WORLDCELL_USE_CELERY=false``): accepted messages stay
+    stored, nothing delivers them.
+    """
+    secret = uuid.uuid4().hex
+    port = free_port()
+    env = base_env(db_url, secret, data_dir, WORLDCELL_USE_CELERY="false", **(extra_env or {}))
+    subprocess.run([PY, "manage.py", "migrate", "--noinput", "-v", "0"], cwd=ROOT, env=env, check=True)
+    log = open(log_path, "ab")
+    proc = subprocess.Popen(readme_api_command(kind, port), cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT)
+    url = f"http://127.0.0.1:{port}"
+    try:
+        wait_healthy(url, [proc])
+        yield url, secret, proc
+    finally:
+        _stop([proc])
+        log.close()
+
+
+@contextlib.contextmanager
 def dev_fleet(db_url: str, data_dir: Path, log_path: Path, extra_env: dict[str, str] | None = None):
     """Run ``manage.py devfleet`` on a free port; yields ``(url, secret, process)``."""
     secret = uuid.uuid4().hex
@@ -99,8 +173,7 @@ def celery_fleet(db_url: str, data_dir: Path, log_dir: Path, broker_url: str, ex
     subprocess.run([PY, "manage.py", "migrate", "--noinput", "-v", "0"], cwd=ROOT, env=env, check=True)
     bin_dir = Path(PY).parent
     cmds = {
-        "api": [str(bin_dir / "gunicorn"), "worldcell.wsgi:application", "--bind", f"127.0.0.1:{port}",
-                "--worker-class", "gthread", "--workers", "2", "--threads", "8"],
+        "api": readme_api_command("waitress", port),
         "worker": [str(bin_dir / "celery"), "-A", "worldcell", "worker", "--pool", "threads", "--concurrency", "16",
                    "--loglevel", "INFO", "--without-gossip", "--without-mingle"],
         "beat": [str(bin_dir / "celery"), "-A", "worldcell", "beat", "--loglevel", "INFO",

@@ -12,7 +12,7 @@ from typing import Any
 
 from cells.lifecycle import correlation_key, listing_keys
 from queueing.models import DeadLetter, Message, QueueCell
-from tests.runs_support import RunClient
+from tests.runs.support import RunClient
 from worldcell import codec
 from worldcell_client import shared_codec_dumps
 

@@ -13,7 +13,7 @@ from cells.models.tombstone import FlowMessageRecord, RunRepair
 from queueing.models import Message
 from tests.conftest import is_postgres
 from tests.lifecycle.support import TARGET, enqueue
-from tests.runs_support import RunClient, frozen_clock  # noqa: F401 - fixture
+from tests.runs.support import RunClient
 from worldcell import codec
 from worldcell_client import shared_codec_dumps
 

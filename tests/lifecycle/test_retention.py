@@ -27,7 +27,7 @@ from cells.models import (
 )
 from queueing.models import DeadLetter, Message
 from tests.lifecycle.support import client_index_puts, enqueue, populate
-from tests.runs_support import RunClient, frozen_clock, run  # noqa: F401 - fixtures
+from tests.runs.support import RunClient
 from worldcell import codec
 from worldcell.durations import parse_duration_ms
 
