@@ -1,10 +1,17 @@
-"""The run cell's event state machine: ``applyEvent`` (PROTOCOL.md §5.5–5.7).
+"""The run cell's event state machine: ``applyEvent`` (docs/protocol.md §5.5–5.7).
 
-``apply_event(cell, run_id, data, token_holder, now)`` applies one event
-(checked by ``read_request``) to one run cell and returns the outcome dict. The caller (``cells.runs.RunCell.apply_event``)
-first opens the cell (``open_cell``: its row lock plus, in the same round
-trip, the rows the event type needs) and finishes it afterwards; everything
-written here commits or rolls back with that one transaction.
+One call reads top to bottom (``cells.runs.RunCell.apply_event`` drives it):
+
+1. ``read_request(cell_name, request)`` — validation of the envelope (§5.4)
+   into an ``EventRequest``: event type, correlation id and the key it names,
+   ``eventData``, spec version, token holder, each read once.
+2. ``open_cell(cell, request)`` — the cell's row lock plus, in the same round
+   trip, the rows this event type needs (``cells.run_store.LockedRunCell``).
+3. ``apply_event(cell, request, now)`` — the §5.5 guards in their normative
+   order, then the §5.6 effect of the type: the new entity is built and
+   validated (``cells.event_schemas``), the event built and validated, and
+   both writes queued on the cell. The caller then finishes the cell:
+   everything written here commits or rolls back with that one transaction.
 
 The steps, in the normative order of §5.5:
 
@@ -34,8 +41,8 @@ the event type needs one, which upstream reports as a runtime ``TypeError``
 (HTTP 500): worldcell treats it as the bad input it is.
 
 Entities travel through this module as wire-shaped dicts (``runId``,
-``createdAt``…) validated by ``cells.event_schemas``; rows are read and
-written only through the small storage helpers at the bottom.
+``createdAt``…); rows are read and written only through the ``LockedRunCell``
+it is given, which read most of them when the cell was opened.
 """
 from __future__ import annotations
 
@@ -56,9 +63,10 @@ from .event_schemas import (
     validate_run,
     validate_step,
 )
-from .models.runs import LockedRunCell
+from .javascript import given, js_string, js_truthy
+from .run_store import LockedRunCell
 
-__all__ = ["SPEC_VERSION_CURRENT", "apply_event", "format_event_id", "js_string", "open_cell", "read_request"]
+__all__ = ["SPEC_VERSION_CURRENT", "EventRequest", "apply_event", "format_event_id", "open_cell", "read_request"]
 
 SPEC_VERSION_CURRENT = 3
 EVENT_ID_PREFIX = "wevt_z"
@@ -83,59 +91,12 @@ def format_event_id(sequence: int) -> str:
     return f"{EVENT_ID_PREFIX}{sequence:020d}"
 
 
-# --------------------------------------------------------------------------- JavaScript semantics
-
-
-def js_truthy(value: Any) -> bool:
-    """JavaScript truthiness: absent, null, false, 0 and "" are falsy; objects (even empty) are not."""
-    if value is ABSENT or value is None or value is False:
-        return False
-    if isinstance(value, (int, float, str)):
-        return bool(value)
-    return True
-
-
-def _js_number(value: int | float) -> str:
-    if isinstance(value, int):
-        return str(value)
-    if value.is_integer() and abs(value) < 1e21:
-        return str(int(value))
-    return repr(value).replace("e-0", "e-").replace("e+0", "e+")
-
-
-def js_string(value: Any) -> str:
-    """``String(value)``: how upstream builds a key or message from a non-string id.
-
-    ``step:<correlationId>`` with no correlationId looks up ``step:undefined``
-    upstream; this reproduces such keys and the messages that quote them.
-    """
-    if isinstance(value, str):
-        return value
-    if value is ABSENT:
-        return "undefined"
-    if value is None:
-        return "null"
-    if isinstance(value, bool):
-        return "true" if value else "false"
-    if isinstance(value, (int, float)):
-        return _js_number(value)
-    if isinstance(value, list):
-        return ",".join("" if x is None else js_string(x) for x in value)
-    if isinstance(value, (bytes, bytearray)):
-        return ",".join(str(b) for b in value)
-    if isinstance(value, datetime):
-        return codec.to_utc_ms(value).strftime("%a %b %d %Y %H:%M:%S GMT+0000 (Coordinated Universal Time)")
-    return "[object Object]"
-
-
-def _given(value: Any) -> bool:
-    """True when JavaScript's ``value ?? fallback`` picks ``value`` (it is neither absent nor null)."""
-    return value is not ABSENT and value is not None
+# --------------------------------------------------------------------------- spec versions and errors
 
 
 def is_legacy_spec_version(version: Any) -> bool:
     """``isLegacySpecVersion``: absent, null, or <= 1."""
-    return not _given(version) or (is_number(version) and version <= 1)
+    return not given(version) or (is_number(version) and version <= 1)
 
 
 def requires_newer_world(version: Any) -> bool:
@@ -152,11 +113,11 @@ def to_structured_error(err: Any, *, stack: Any = ABSENT, code: Any = ABSENT) ->
     else:
         message = "Unknown error"
     out: dict[str, Any] = {"message": message}
-    if _given(stack):
+    if given(stack):
         out["stack"] = stack
     elif isinstance(member(err, "stack"), str):
         out["stack"] = err["stack"]
-    if _given(code):
+    if given(code):
         out["code"] = code
     elif isinstance(member(err, "code"), str):
         out["code"] = err["code"]
@@ -180,11 +141,42 @@ def success(**members: Any) -> dict[str, Any]:
 # --------------------------------------------------------------------------- the machine
 
 
-def read_request(cell_name: str, request: Any) -> tuple[str, dict[str, Any], Any]:
-    """Check the ``applyEvent`` envelope (§5.4): ``(runId, data, tokenHolder)``.
+class EventRequest:
+    """One ``applyEvent`` request, read once (§5.4): what ``open_cell`` and the machine look at.
+
+    Attributes:
+        run_id: the run id (= the cell name).
+        data: the compacted ``data`` object (top-level ``null`` = absent, §3.4).
+        token_holder: ``tokenHolder`` as sent, or ABSENT.
+        event_type: ``data.eventType`` when a string or absent; None for any other
+            value (it matches no branch: it reaches the default branch and fails
+            event validation there (400), or RUN_NOT_FOUND).
+        correlation_id, event_data: ``data.correlationId`` / ``data.eventData`` or ABSENT.
+        key: ``String(correlationId)``: the id the step / hook is looked up by.
+        spec_version: ``data.specVersion ?? 3``.
+    """
+
+    __slots__ = ("run_id", "data", "token_holder", "event_type", "correlation_id", "key", "event_data",
+                 "spec_version")
+
+    def __init__(self, run_id: str, data: dict[str, Any], token_holder: Any = ABSENT):
+        self.run_id = run_id
+        self.data = data
+        self.token_holder = token_holder
+        event_type = data.get("eventType", ABSENT)
+        self.event_type = event_type if isinstance(event_type, str) or event_type is ABSENT else None
+        self.correlation_id = data.get("correlationId", ABSENT)
+        self.key = js_string(self.correlation_id)
+        self.event_data = data.get("eventData", ABSENT)
+        self.spec_version = data.get("specVersion", SPEC_VERSION_CURRENT)
+
+
+def read_request(cell_name: str, request: Any) -> EventRequest:
+    """Check the ``applyEvent`` envelope (§5.4) and read it into an ``EventRequest``.
 
     ``runId`` must be the cell name (§12 A9: worldcell rejects a mismatch);
     ``data`` must be an object and is compacted (top-level ``null`` = absent).
+    Raises ValidationError (400) otherwise.
     """
     if not isinstance(request, dict):
         raise ValidationError("request: expected object")
@@ -196,11 +188,11 @@ def read_request(cell_name: str, request: Any) -> tuple[str, dict[str, Any], Any
     data = request.get("data", ABSENT)
     if not isinstance(data, dict):
         raise ValidationError("request.data: expected object")
-    return run_id, compact(data), request.get("tokenHolder", ABSENT)
+    return EventRequest(run_id, compact(data), request.get("tokenHolder", ABSENT))
 
 
-def open_cell(cell: LockedRunCell, data: dict[str, Any]) -> None:
-    """Lock ``cell`` and read, in the same round trip, what an event like ``data`` needs.
+def open_cell(cell: LockedRunCell, request: EventRequest) -> None:
+    """Lock ``cell`` and read, in the same round trip, what ``request``'s event type needs.
 
     Only ``run_created`` and ``run_started`` can create a run, so only they
     create a missing cell row; for any other type a missing row means no run,
@@ -210,16 +202,13 @@ def open_cell(cell: LockedRunCell, data: dict[str, Any]) -> None:
     the hook (and marker) of a hook event, the live hooks of a terminal
     transition, the ``run_started`` preload.
     """
-    kind = data.get("eventType")
-    if not isinstance(kind, str):
-        kind = None
+    kind, key = request.event_type, request.key
     if kind in RUN_EVENTS:
         run = "full"  # returned in the outcome (run_created: the replay returns the stored run)
     elif kind in RUN_NOT_READ:
         run = None  # step_completed, step_retrying never read it
     else:
         run = "slim"  # the guards need status and specVersion only
-    key = js_string(data.get("correlationId", ABSENT))
     storable = storable_text(key)
     cell.open(
         create=kind in RUN_CREATORS,
@@ -232,37 +221,34 @@ def open_cell(cell: LockedRunCell, data: dict[str, Any]) -> None:
     )
 
 
-def apply_event(cell: LockedRunCell, run_id: str, data: dict[str, Any], token_holder: Any,
-                now: datetime) -> dict[str, Any]:
-    """Apply one ``applyEvent`` request (``read_request``'s answer) to the opened ``cell`` at ``now`` (§5.5).
+def apply_event(cell: LockedRunCell, request: EventRequest, now: datetime) -> dict[str, Any]:
+    """Apply ``request`` to the opened ``cell`` at ``now``: the §5.5 guards, then the §5.6 effect.
 
-    Returns the outcome dict; the writes are queued on ``cell``. Raises
-    ValidationError / CellError (the caller then rolls everything back).
+    Returns the outcome dict; the writes are queued on ``cell`` (the event
+    counter too, for an ``ok: true`` outcome). Raises ValidationError /
+    CellError (the caller then rolls everything back).
     """
-    machine = _EventMachine(cell, run_id, data, token_holder, now)
+    machine = _EventMachine(cell, request, now)
     outcome = machine.apply()
     if outcome["ok"] and machine.sequence != cell.event_sequence:
-        save_event_sequence(cell, machine.sequence)
+        cell.save_event_sequence(machine.sequence)
     return outcome
 
 
 class _EventMachine:
     """One ``applyEvent`` call: the request, ``now``, the loaded run and the event counter."""
 
-    def __init__(self, cell: LockedRunCell, run_id: str, data: dict[str, Any], token_holder: Any, now: datetime):
+    def __init__(self, cell: LockedRunCell, request: EventRequest, now: datetime):
         self.cell = cell
-        self.run_id = run_id
-        self.data = data
-        event_type = data.get("eventType", ABSENT)
-        # A non-string eventType (e.g. a list) matches no branch: it reaches the
-        # default branch and fails event validation there (400), or RUN_NOT_FOUND.
-        self.event_type = event_type if isinstance(event_type, str) or event_type is ABSENT else None
-        self.correlation_id = data.get("correlationId", ABSENT)
-        self.event_data = data.get("eventData", ABSENT)
-        self.token_holder = token_holder
+        self.run_id = request.run_id
+        self.data = request.data
+        self.event_type = request.event_type
+        self.correlation_id = request.correlation_id
+        self.key = request.key
+        self.event_data = request.event_data
+        self.token_holder = request.token_holder
+        self.spec_version = request.spec_version
         self.now = now
-        # sv := data.specVersion ?? 3 (compact already turned null into absent)
-        self.spec_version = data.get("specVersion", SPEC_VERSION_CURRENT)
         self.sequence = cell.event_sequence
         self.run: dict[str, Any] | None = None
 
@@ -271,7 +257,7 @@ class _EventMachine:
     def apply(self) -> dict[str, Any]:
         kind = self.event_type
         if kind not in RUN_NOT_READ:  # 1
-            self.run = load_run(self.cell, full=kind in RUN_EVENTS)
+            self.run = self.cell.load_run(full=kind in RUN_EVENTS)
         run_created = None
         if kind == "run_started" and self.run is None and js_truthy(self.event_data):  # 2
             run_created = self._bootstrap()
@@ -289,7 +275,7 @@ class _EventMachine:
             if refusal:
                 return refusal
         if kind in ("hook_disposed", "hook_received") and js_truthy(self.correlation_id):  # 6
-            if not hook_exists(self.cell, js_string(self.correlation_id)):
+            if self.cell.load_hook(self.key) is None:
                 return self._hook_not_found()
         if kind not in RUN_NOT_READ and kind != "run_started" and self.run is None:  # 7
             return self._run_not_found()
@@ -320,7 +306,7 @@ class _EventMachine:
         event_data = {"deploymentId": deployment_id, "workflowName": workflow_name, "input": run_input}
         if execution_context is not ABSENT:
             event_data["executionContext"] = execution_context
-        create_run(self.cell, run)
+        self.cell.create_run(run)
         self._append({"eventType": "run_created", "eventData": event_data})
         self.run = run
         return {"workflowName": run["workflowName"], "createdAt": self.now}
@@ -355,8 +341,8 @@ class _EventMachine:
         return None
 
     def _step_guard(self) -> tuple[dict[str, Any] | None, dict[str, Any] | None]:
-        step_id = js_string(self.correlation_id)
-        step = load_step(self.cell, step_id)
+        step_id = self.key
+        step = self.cell.load_step(step_id)
         if step is None:
             return None, failure("STEP_NOT_FOUND", f'Step "{step_id}" not found')
         if step["status"] in TERMINAL_STEP:
@@ -369,7 +355,7 @@ class _EventMachine:
         return step, None
 
     def _hook_not_found(self) -> dict[str, Any]:
-        return failure("HOOK_NOT_FOUND", f'Hook "{js_string(self.correlation_id)}" not found')
+        return failure("HOOK_NOT_FOUND", f'Hook "{self.key}" not found')
 
     def _run_not_found(self) -> dict[str, Any]:
         return failure("RUN_NOT_FOUND", f'Workflow run "{self.run_id}" not found')
@@ -410,7 +396,7 @@ class _EventMachine:
         return member(self.event_data, name)
 
     def _run_created(self) -> dict[str, Any]:
-        existing = load_run(self.cell, full=True)
+        existing = self.cell.load_run(full=True)
         if existing is not None:  # idempotent replay (Q9): no event, nothing validated
             return success(run=existing)
         deployment_id = self._required_data("deploymentId")
@@ -429,8 +415,8 @@ class _EventMachine:
             }
         )
         event = self._build_event(self.data)
-        create_run(self.cell, run)
-        store_event(self.cell, event)
+        self.cell.create_run(run)
+        self.cell.store_event(event)
         return success(
             event=event, run=run, runCreated={"workflowName": run["workflowName"], "createdAt": self.now}
         )
@@ -444,9 +430,9 @@ class _EventMachine:
         run.update(status="running", startedAt=self.run.get("startedAt", self.now), updatedAt=self.now)
         run = validate_run(run)
         event = self._build_event(self.data)
-        update_run(self.cell, self.run, run)
-        store_event(self.cell, event)
-        outcome = success(event=event, run=run, events=first_events(self.cell, RUN_STARTED_PRELOAD))
+        self.cell.update_run(self.run, run)
+        self.cell.store_event(event)
+        outcome = success(event=event, run=run, events=self.cell.first_events(RUN_STARTED_PRELOAD))
         if run_created is not None:
             outcome["runCreated"] = run_created
         return outcome
@@ -466,13 +452,14 @@ class _EventMachine:
         run.update(completedAt=self.now, updatedAt=self.now)
         run = validate_run(run)
         event = self._build_event(self.data)
-        update_run(self.cell, self.run, run)
-        store_event(self.cell, event)
-        return success(event=event, run=run, releasedHooks=release_all_hooks(self.cell))
+        self.cell.update_run(self.run, run)
+        self.cell.store_event(event)
+        released = [{"hookId": hook_id, "token": token} for hook_id, token in self.cell.release_all_hooks()]
+        return success(event=event, run=run, releasedHooks=released)
 
     def _step_created(self) -> dict[str, Any]:
-        step_id = js_string(self.correlation_id)
-        if load_step(self.cell, step_id) is not None:
+        step_id = self.key
+        if self.cell.load_step(step_id) is not None:
             return failure("ENTITY_CONFLICT", f'Step "{step_id}" already exists')
         step = validate_step(
             {
@@ -488,8 +475,8 @@ class _EventMachine:
             }
         )
         event = self._build_event(self.data)
-        create_step(self.cell, step)
-        store_event(self.cell, event)
+        self.cell.create_step(step)
+        self.cell.store_event(event)
         return success(event=event, step=step)
 
     def _step_changed(self, current: dict[str, Any]) -> dict[str, Any]:
@@ -525,8 +512,8 @@ class _EventMachine:
         step["updatedAt"] = now
         step = validate_step(step)
         event = self._build_event(self.data)
-        update_step(self.cell, current, step)
-        store_event(self.cell, event)
+        self.cell.update_step(current, step)
+        self.cell.store_event(event)
         return success(event=event, step=step)
 
     def _hook_created(self) -> dict[str, Any]:
@@ -544,9 +531,9 @@ class _EventMachine:
             }
             return success(event=self._append(record))
         key = js_string(hook_id)
-        if marker_exists(self.cell, key):
-            existing = load_hook(self.cell, key)
-            if existing is not None and not _given(holder):  # crash-orphan repair: no event
+        if self.cell.has_marker(key):
+            existing = self.cell.load_hook(key)
+            if existing is not None and not given(holder):  # crash-orphan repair: no event
                 return success(hook=existing, hookToIndex=existing)
             return failure("ENTITY_CONFLICT", f'Hook "{key}" already created')
         is_webhook = member(self.event_data, "isWebhook")
@@ -561,21 +548,21 @@ class _EventMachine:
                 "environment": "",
                 "createdAt": self.now,
                 "specVersion": self.spec_version,
-                "isWebhook": is_webhook if _given(is_webhook) else False,
+                "isWebhook": is_webhook if given(is_webhook) else False,
             }
         )
         event = self._build_event(self.data)
-        create_hook(self.cell, hook, event["eventId"])
-        store_event(self.cell, event)
+        self.cell.create_hook(hook, event["eventId"])
+        self.cell.store_event(event)
         return success(event=event, hook=hook, hookToIndex=hook)
 
     def _hook_disposed(self) -> dict[str, Any]:
-        hook = load_hook(self.cell, js_string(self.correlation_id))
+        hook = self.cell.load_hook(self.key)
         if hook is None:  # an empty correlationId skipped the §5.5 step 6 guard
             return self._hook_not_found()
         event = self._build_event(self.data)
-        delete_hook(self.cell, hook["hookId"])
-        store_event(self.cell, event)
+        self.cell.delete_hook(hook["hookId"])
+        self.cell.store_event(event)
         return success(event=event, releasedHooks=[{"hookId": hook["hookId"], "token": hook["token"]}])
 
     # -- events --------------------------------------------------------------------------------
@@ -597,81 +584,5 @@ class _EventMachine:
     def _append(self, record: dict[str, Any]) -> dict[str, Any]:
         """Build, validate and store an event that comes with no entity change."""
         event = self._build_event(record)
-        store_event(self.cell, event)
+        self.cell.store_event(event)
         return event
-
-
-# --------------------------------------------------------------------------- storage
-#
-# The machine reads and writes rows only through these functions; they are
-# the seams tests use to inject crashes. ``LockedRunCell`` (cells.models.runs)
-# holds the SQL: it has read most of what they return when the cell was
-# opened, and queues the writes until the call finishes.
-
-
-def load_run(cell: LockedRunCell, full: bool = True) -> dict[str, Any] | None:
-    """The cell's run entity (``full=False``: at least ``status`` and ``specVersion``), or None."""
-    return cell.load_run(full)
-
-
-def create_run(cell: LockedRunCell, run: dict[str, Any]) -> None:
-    cell.create_run(run)
-
-
-def update_run(cell: LockedRunCell, old: dict[str, Any], new: dict[str, Any]) -> None:
-    """Write the members of ``new`` that changed (big unchanged payloads are not rewritten)."""
-    cell.update_run(old, new)
-
-
-def load_step(cell: LockedRunCell, step_id: str) -> dict[str, Any] | None:
-    return cell.load_step(step_id)
-
-
-def create_step(cell: LockedRunCell, step: dict[str, Any]) -> None:
-    cell.create_step(step)
-
-
-def update_step(cell: LockedRunCell, old: dict[str, Any], new: dict[str, Any]) -> None:
-    """Like ``update_run``: only the members that changed."""
-    cell.update_step(old, new)
-
-
-def load_hook(cell: LockedRunCell, hook_id: str) -> dict[str, Any] | None:
-    return cell.load_hook(hook_id)
-
-
-def hook_exists(cell: LockedRunCell, hook_id: str) -> bool:
-    return cell.load_hook(hook_id) is not None
-
-
-def marker_exists(cell: LockedRunCell, hook_id: str) -> bool:
-    return cell.has_marker(hook_id)
-
-
-def create_hook(cell: LockedRunCell, hook: dict[str, Any], event_id: str) -> None:
-    """Store a new live hook and its never-deleted ``hookevent:`` marker."""
-    cell.create_hook(hook, event_id)
-
-
-def delete_hook(cell: LockedRunCell, hook_id: str) -> None:
-    cell.delete_hook(hook_id)
-
-
-def release_all_hooks(cell: LockedRunCell) -> list[dict[str, str]]:
-    """Delete every live hook of the run; ``[{hookId, token}]`` in ``hook:<id>`` key order (§5.6)."""
-    return [{"hookId": hook_id, "token": token} for hook_id, token in cell.release_all_hooks()]
-
-
-def store_event(cell: LockedRunCell, event: dict[str, Any]) -> None:
-    """Append a validated event to the run's log."""
-    cell.store_event(event)
-
-
-def first_events(cell: LockedRunCell, limit: int) -> list[dict[str, Any]]:
-    """The run's first ``limit`` events in log order (the ``run_started`` preload, Q7)."""
-    return cell.first_events(limit)
-
-
-def save_event_sequence(cell: LockedRunCell, sequence: int) -> None:
-    """Persist the event counter (only ever for an ``ok: true`` outcome)."""
-    cell.save_event_sequence(sequence)

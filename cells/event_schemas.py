@@ -1,4 +1,4 @@
-"""Validation of what the run cell stores: events, runs, steps, hooks (PROTOCOL.md §5.8).
+"""Validation of what the run cell stores: events, runs, steps, hooks (docs/protocol.md §5.8).
 
 Each ``validate_*`` function takes a wire-shaped dict and returns the object
 that is stored: unknown members dropped at every declared level, datetimes
@@ -103,7 +103,7 @@ TOKEN_MAX_BYTES = 2048 - len("hookclaim:")
 
 
 def compact(obj: dict[str, Any]) -> dict[str, Any]:
-    """A copy of ``obj`` without its ``null`` members (shallow, PROTOCOL.md §3.4)."""
+    """A copy of ``obj`` without its ``null`` members (shallow, docs/protocol.md §3.4)."""
     return {k: v for k, v in obj.items() if v is not None and v is not ABSENT}
 
 

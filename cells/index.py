@@ -1,9 +1,9 @@
-"""The index cell service: ordered key/value storage plus hook-token ownership (PROTOCOL.md §4.3, §6).
+"""The index cell service: ordered key/value storage plus hook-token ownership (docs/protocol.md §4.3, §6).
 
 ``IndexCell(name)`` serves the ``index`` binding. The reference client only
 ever uses the cell name ``index``; any other name is a separate, empty cell.
 
-Concurrency (DESIGN.md rule 1, adapted to a cell that every run shares):
+Concurrency (docs/architecture.md rule 1, adapted to a cell that every run shares):
 
 * ``get``/``list`` read without locks.
 * ``put``/``delete`` are one SQL statement each; unrelated keys never wait
@@ -124,7 +124,7 @@ def _claim_owner(key: str, text: str) -> dict[str, Any]:
 
 
 class IndexCell:
-    """One index cell: the global secondary indexes of the world (PROTOCOL.md §6).
+    """One index cell: the global secondary indexes of the world (docs/protocol.md §6).
 
     Args:
         name: the cell name (decoded URL segment); the client uses ``index``.
@@ -187,7 +187,7 @@ class IndexCell:
             IndexEntry.objects.delete_keys(self.name, [key])
 
     def list_keys(self, options: Any = None) -> dict[str, Any]:
-        """``list(options?)`` -> a P3 page (PROTOCOL.md §4.0).
+        """``list(options?)`` -> a P3 page (docs/protocol.md §4.0).
 
         ``options`` (object or null): ``prefix`` (default ``""``), ``cursor``
         (a full key; null = absent, §12 A6), ``limit`` (non-negative integer,

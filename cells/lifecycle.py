@@ -43,6 +43,7 @@ from django.db.models import F
 
 from queueing.runref import run_of_message  # noqa: F401 - re-exported
 from worldcell import clock, codec
+from worldcell import sql as wsql
 from worldcell.errors import CellError
 
 from .models import (
@@ -164,21 +165,18 @@ class RunExpired(CellError):
         self.run_id = run_id
 
 
-def _rows(sql: str, params: Iterable[Any]) -> list[tuple]:
-    with connection.cursor() as cur:
-        cur.execute(sql, list(params))
-        return cur.fetchall() if cur.description is not None else []
+def _rows(statement: str, params: Iterable[Any]) -> list[tuple]:
+    """The rows of one statement (``worldcell.sql.rows``: Django's cursor, not prepared)."""
+    return wsql.rows(wsql.database(), statement, list(params))
 
 
-def _rowcount(sql: str, params: Iterable[Any]) -> int:
-    with connection.cursor() as cur:
-        cur.execute(sql, list(params))
-        return cur.rowcount
+def _rowcount(statement: str, params: Iterable[Any]) -> int:
+    return wsql.rowcount(wsql.database(), statement, list(params))
 
 
-_T = RunTombstone._meta.db_table
-_CELL = RunCellState._meta.db_table
-_IDX = IndexEntry._meta.db_table
+_T = wsql.table(RunTombstone)
+_CELL = wsql.table(RunCellState)
+_IDX = wsql.table(IndexEntry)
 _EXPIRED_AT = f'SELECT "expired_at" FROM "{_T}" WHERE "run_id" = %s'
 _IS_EXPIRED = f'SELECT 1 FROM "{_CELL}" WHERE "name" = %s AND "expired"'
 
@@ -437,14 +435,14 @@ def _count(pairs: Iterable[tuple[str, str]]) -> dict[str, dict[str, int]]:
     return out
 
 
-_EV = Event._meta.db_table
-_HK = Hook._meta.db_table
-_MK = HookMarker._meta.db_table
-_ST = Step._meta.db_table
-_RN = Run._meta.db_table
-_STREAM = Stream._meta.db_table
-_CHUNK = StreamChunk._meta.db_table
-_REG = StreamRegistration._meta.db_table
+_EV = wsql.table(Event)
+_HK = wsql.table(Hook)
+_MK = wsql.table(HookMarker)
+_ST = wsql.table(Step)
+_RN = wsql.table(Run)
+_STREAM = wsql.table(Stream)
+_CHUNK = wsql.table(StreamChunk)
+_REG = wsql.table(StreamRegistration)
 
 
 @dataclass
@@ -583,7 +581,7 @@ def _delete_queue_rows(run_ids: list[str], budget: _Budget) -> tuple[dict[str, d
     lock = " FOR UPDATE" if connection.vendor == "postgresql" else ""
     tallies: dict[str, dict[str, int]] = {}
     for kind, model in (("messages", Message), ("dead_letters", DeadLetter)):
-        table = model._meta.db_table
+        table = wsql.table(model)
         while True:
             rows = _paged_rows(table, '"cell_id", "run_id"', "run_id", run_ids)
             if not rows:
@@ -595,7 +593,7 @@ def _delete_queue_rows(run_ids: list[str], budget: _Budget) -> tuple[dict[str, d
                 by_cell.setdefault(cell_id, []).append((pk, run_id))
             for cell_id, items in sorted(by_cell.items()):
                 with transaction.atomic():
-                    _rows(f'SELECT "id" FROM "{QueueCell._meta.db_table}" WHERE "id" = %s{lock}', [cell_id])
+                    _rows(f'SELECT "id" FROM "{wsql.table(QueueCell)}" WHERE "id" = %s{lock}', [cell_id])
                     _delete_ids(table, [pk for pk, _ in items])
                 for _, run_id in items:
                     kinds = tallies.setdefault(run_id, {})
@@ -769,7 +767,7 @@ def _take_lease(kind: str, now_ms: int) -> bool:
     LifecycleState.objects.get_or_create(kind=kind)
     return bool(
         _rowcount(
-            f'UPDATE "{LifecycleState._meta.db_table}" SET "last_started_at" = %s '
+            f'UPDATE "{wsql.table(LifecycleState)}" SET "last_started_at" = %s '
             'WHERE "kind" = %s AND ("last_started_at" IS NULL OR "last_finished_at" >= "last_started_at" '
             'OR "last_started_at" < %s)',
             [now_ms, kind, now_ms - LEASE_S * 1000],
@@ -848,7 +846,7 @@ def _delete_stragglers() -> int:
 
     total = 0
     for model in (Message, DeadLetter):
-        table = model._meta.db_table
+        table = wsql.table(model)
         runs = _rows(
             f'SELECT DISTINCT m."run_id" FROM "{table}" m JOIN "{_CELL}" c ON c."name" = m."run_id" '
             f'WHERE m."run_id" IS NOT NULL AND c."expired" LIMIT %s',

@@ -33,6 +33,7 @@ from django.conf import settings
 from django.db import IntegrityError, connection, transaction
 
 from worldcell import clock, codec
+from worldcell import sql as wsql
 
 from .models import Event, Hook, LifecycleState, Run, RunCellState
 from .models.tombstone import FlowMessageRecord, RunRepair
@@ -44,10 +45,10 @@ __all__ = ["ReconcileReport", "StuckRun", "find_stuck", "reconcile", "remember_f
 
 #: Runs examined per reconcile tick (keyset scan over run cells, resumed where the last tick stopped).
 SCAN_BATCH = 500
-_CELL = RunCellState._meta.db_table
-_RN = Run._meta.db_table
-_EV = Event._meta.db_table
-_HK = Hook._meta.db_table
+_CELL = wsql.table(RunCellState)
+_RN = wsql.table(Run)
+_EV = wsql.table(Event)
+_HK = wsql.table(Hook)
 
 _repairs_lock = threading.Lock()
 _repairs = 0
@@ -77,17 +78,16 @@ def threshold_ms() -> int | None:
     return getattr(settings, "WORLDCELL_STUCK_RUN_AFTER_MS", 15 * 60_000)
 
 
-def _rows(sql: str, params: list[Any]) -> list[tuple]:
-    with connection.cursor() as cur:
-        cur.execute(sql, params)
-        return cur.fetchall() if cur.description is not None else []
+def _rows(statement: str, params: list[Any]) -> list[tuple]:
+    """The rows of one statement (``worldcell.sql.rows``)."""
+    return wsql.rows(wsql.database(), statement, params)
 
 
 # =========================================================================== the record
 
 
 _UPSERT_FLOW = (
-    f'INSERT INTO "{FlowMessageRecord._meta.db_table}" ("run_id", "queue_cell", "queue_name", "pathname", "body", '
+    f'INSERT INTO "{wsql.table(FlowMessageRecord)}" ("run_id", "queue_cell", "queue_name", "pathname", "body", '
     '"target_base_url", "queue_shards", "recorded_at") VALUES (%s, %s, %s, %s, %s, %s, %s, %s) '
     'ON CONFLICT ("run_id") DO UPDATE SET "queue_cell" = excluded."queue_cell", "queue_name" = excluded."queue_name", '
     '"pathname" = excluded."pathname", "body" = excluded."body", "target_base_url" = excluded."target_base_url", '
@@ -140,7 +140,7 @@ def _last_event_ms(cell_id: int) -> int | None:
 def _has_message(run_id: str) -> bool:
     from queueing.models import Message
 
-    return bool(_rows(f'SELECT 1 FROM "{Message._meta.db_table}" WHERE "run_id" = %s LIMIT 1', [run_id]))
+    return bool(_rows(f'SELECT 1 FROM "{wsql.table(Message)}" WHERE "run_id" = %s LIMIT 1', [run_id]))
 
 
 def parked(cell_id: int, now_ms: int) -> str | None:

@@ -1,17 +1,17 @@
-"""The runs cell service: one workflow run = one cell (PROTOCOL.md §4.1, §5).
+"""The runs cell service: one workflow run = one cell (docs/protocol.md §4.1, §5).
 
 ``RunCell(name)`` serves the seven wire methods of the ``runs`` binding for
 the run whose id is ``name``. ``apply_event`` is the only writer: it runs in
 one transaction that first locks the cell's ``RunCellState`` row (creating it
 when the event may create the run), so calls on one run are serialised while
-calls on different runs never wait for each other (DESIGN.md rule 1). The
+calls on different runs never wait for each other (docs/architecture.md rule 1). The
 state machine lives in ``cells.event_machine``, the SQL in
-``cells.models.runs`` (``LockedRunCell``: on PostgreSQL two round trips per
+``cells.run_store`` (``LockedRunCell``: on PostgreSQL two round trips per
 event, prepared statements; ``read_*``: one statement per read).
 
 The reads never lock and never create anything: a run that was never written
 (or whose id could never be stored) answers ``null`` / an empty page. The
-lists follow PROTOCOL.md §4.0:
+lists follow docs/protocol.md §4.0:
 ``listEvents`` is P1 (keyed by event id), ``listSteps``/``listHooks`` are P2
 (keyed by ``<ISO createdAt>:<id>``); each fetches one row more than the
 limit to tell ``hasMore``, and the cursor is the key of the last row
@@ -27,13 +27,14 @@ from typing import Any
 from django.db import transaction
 
 from worldcell import clock
+from worldcell.sql import is_missing_prepared_statement
 from worldcell.errors import ValidationError
 from worldcell.keys import fits_utf8, storable_text
 
 from . import event_machine, lifecycle
-from .event_machine import js_string
 from .event_schemas import ABSENT, ID_MAX_BYTES, check_indexed_size
-from .models.runs import LockedRunCell, is_missing_prepared_statement, read_event, read_page, read_run, read_step
+from .javascript import js_string
+from .run_store import LockedRunCell, read_event, read_page, read_run, read_step
 
 __all__ = ["RunCell"]
 
@@ -53,7 +54,7 @@ class RunCell:
     # ------------------------------------------------------------------ write
 
     def apply_event(self, request: Any = ABSENT) -> dict[str, Any]:
-        """``applyEvent([request])``: apply one event atomically (PROTOCOL.md §5).
+        """``applyEvent([request])``: apply one event atomically (docs/protocol.md §5).
 
         Returns the outcome (``{"ok": true, …}`` or a guard failure
         ``{"ok": false, "code", "message"}``). Raises ValidationError (400)
@@ -69,12 +70,12 @@ class RunCell:
         (``LockedRunCell``); elsewhere it runs inside ``transaction.atomic()``.
         """
         self._check_writable_name()
-        run_id, data, token_holder = event_machine.read_request(self.name, request)
+        event = event_machine.read_request(self.name, request)
         if LockedRunCell.can_begin_inline():
             for attempt in (1, 2):
                 cell = LockedRunCell(self.name, inline=True)
                 try:
-                    return self._apply(cell, run_id, data, token_holder)
+                    return self._apply(cell, event)
                 except BaseException as exc:
                     cell.abort()
                     # a prepared statement vanished (pooler reset): everything was
@@ -83,16 +84,16 @@ class RunCell:
                         continue
                     raise
         with transaction.atomic():
-            return self._apply(LockedRunCell(self.name), run_id, data, token_holder)
+            return self._apply(LockedRunCell(self.name), event)
 
     @staticmethod
-    def _apply(cell: LockedRunCell, run_id: str, data: dict[str, Any], token_holder: Any) -> dict[str, Any]:
-        event_machine.open_cell(cell, data)
+    def _apply(cell: LockedRunCell, event: event_machine.EventRequest) -> dict[str, Any]:
+        event_machine.open_cell(cell, event)
         if cell.expired:  # retention fence: the run has a tombstone (docs/lifecycle.md)
             cell.finish()
             return lifecycle.expired_outcome(cell.name)
         # "now" is read under the lock, so event times follow the log order
-        outcome = event_machine.apply_event(cell, run_id, data, token_holder, clock.now())
+        outcome = event_machine.apply_event(cell, event, clock.now())
         cell.finish()
         return outcome
 

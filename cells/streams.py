@@ -1,4 +1,4 @@
-"""The streams cell service: ordered chunks of one stream, or one run's stream registry (PROTOCOL.md §4.2, §8).
+"""The streams cell service: ordered chunks of one stream, or one run's stream registry (docs/protocol.md §4.2, §8).
 
 ``StreamCell(name)`` serves the ``streams`` binding. Both roles work on any
 cell name; the client uses ``stream:<streamName>`` for chunks and
@@ -42,7 +42,7 @@ def _int_arg(value: Any, field: str) -> int:
 
 
 class StreamCell:
-    """One streams cell (PROTOCOL.md §8).
+    """One streams cell (docs/protocol.md §8).
 
     Args:
         name: the cell name, e.g. ``stream:a/b`` or ``run-streams:wrun_1``.

@@ -13,6 +13,8 @@ import re
 
 from django.conf import settings
 
+from worldcell.keys import MAX_EPOCH_MS
+
 __all__ = [
     "DEFAULT_DELIVERY_TIMEOUT_MS",
     "DEFAULT_MAX_ATTEMPTS",
@@ -34,10 +36,8 @@ DEFAULT_DELIVERY_TIMEOUT_MS = 300_000
 INFLIGHT_GRACE_MS = 30_000
 #: Overdue alarms are re-armed at now + this many ms (§7.8).
 MIN_ALARM_DELAY_MS = 1
-#: Largest instant a due time / deadline / alarm may take: the largest value
-#: that still has 13 digits, so integer order equals the order of the
-#: ``ms13`` keys of §7.1 (year 2286). Larger computed times are clamped.
-MAX_EPOCH_MS = 9_999_999_999_999
+# MAX_EPOCH_MS (from worldcell.keys): the largest instant a due time / deadline /
+# alarm may take (13 digits, so integer order = ``ms13`` key order, §7.1).
 #: parseInt results above this are clamped (keeps SQL LIMITs and sums in range).
 _MAX_SETTING = 2**31 - 1
 

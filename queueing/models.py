@@ -28,7 +28,7 @@ from django.db import models
 from django.db.models import Q
 
 from worldcell import codec
-from worldcell.fields import BytewiseTextField  # re-exported: the migrations name it here
+from worldcell.fields import BytewiseTextField  # also the path the migrations name
 
 __all__ = ["BytewiseTextField", "DeadLetter", "Message", "QueueCell"]
 

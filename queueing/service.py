@@ -32,7 +32,7 @@ import math
 from typing import Any
 
 from worldcell.errors import ValidationError
-from worldcell.keys import fits_utf8, storable_text
+from worldcell.keys import require_storable as _storable
 
 from . import machine
 from .runref import run_of_message
@@ -47,17 +47,6 @@ IDEMPOTENCY_KEY_MAX_BYTES = 2048
 QUEUE_NAME_MAX_BYTES = 1024
 PATHNAME_MAX_BYTES = 1024
 TARGET_BASE_URL_MAX_BYTES = 8192
-
-
-def _storable(text: str, field: str, max_bytes: int | None = None) -> str:
-    """``text`` unless a text column cannot hold it (``worldcell.keys.storable_text``: U+0000, a lone
-    surrogate) or it is longer than ``max_bytes`` UTF-8 bytes; else ValidationError (400) naming ``field``."""
-    if not storable_text(text):
-        problem = "U+0000" if "\x00" in text else "a lone surrogate"
-        raise ValidationError(f"{field}: must not contain {problem}")
-    if max_bytes is not None and not fits_utf8(text, max_bytes):
-        raise ValidationError(f"{field}: longer than {max_bytes} UTF-8 bytes")
-    return text
 
 
 def _string(obj: dict, key: str, field: str, *, optional: bool = False) -> str | None:

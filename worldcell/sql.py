@@ -3,8 +3,8 @@
 Hot paths run fixed SQL text instead of querysets: compiling a queryset costs
 about 1 ms of CPU per statement, the statements themselves a fraction of
 that. Identifiers are double-quoted and placeholders are ``%s``, valid on
-PostgreSQL and SQLite; table names come from ``table(Model)`` — never from
-values (docs/architecture.md "Each rule written once").
+PostgreSQL and SQLite; table names come from ``table(Model)``, values only
+ever travel as parameters.
 
 The interface (everything else here is private):
 
@@ -25,8 +25,11 @@ The interface (everything else here is private):
     nothing of the call can have run (autocommit, no transaction open).
 ``query(db, sql, params)``
     The rows of one statement (``execute`` of one).
-``rowcount(db, sql, params)``
-    The number of rows one write statement changed (Django's cursor).
+``rows(db, sql, params)`` / ``rowcount(db, sql, params)``
+    One statement on Django's own cursor, not prepared (for statements whose
+    text varies with the input, e.g. ``IN (%s, …)`` lists, and callers that
+    want Django's query log): its rows (``[]`` for none), or the number of
+    rows it changed.
 ``is_missing_prepared_statement(exc)``
     Whether ``exc`` is PostgreSQL's SQLSTATE 26000 (then everything the
     failed transaction did was rolled back; a caller that opened the
@@ -76,6 +79,7 @@ __all__ = [
     "query",
     "rollback_open_transaction",
     "rowcount",
+    "rows",
     "table",
 ]
 
@@ -260,8 +264,15 @@ def query(db: Any, sql: str, params: Sequence[Any]) -> list[tuple]:
     return execute(db, [(sql, params, True)])[0]
 
 
+def rows(db: Any, sql: str, params: Sequence[Any]) -> list[tuple]:
+    """Run one statement on Django's cursor (not prepared); its rows, ``[]`` when it returns none."""
+    with db.cursor() as cur:
+        cur.execute(sql, params)
+        return cur.fetchall() if cur.description is not None else []
+
+
 def rowcount(db: Any, sql: str, params: Sequence[Any]) -> int:
-    """Run one write statement on Django's cursor; the number of rows it changed."""
+    """Run one write statement on Django's cursor (not prepared); the number of rows it changed."""
     with db.cursor() as cur:
         cur.execute(sql, params)
         return cur.rowcount

@@ -1,6 +1,6 @@
-"""Models of the index cell: one ordered key/value table (PROTOCOL.md §4.3, §6).
+"""Models of the index cell: one ordered key/value table (docs/protocol.md §4.3, §6).
 
-The index is the only generic key/value store of worldcell (DESIGN.md, §13):
+The index is the only generic key/value store of worldcell (docs/architecture.md, §13):
 the client writes arbitrary keys into it (``run:…``, ``runall:…``,
 ``correlation:…``) and the hook-token methods keep ``hook:``, ``hookid:`` and
 ``hookclaim:`` entries there. One row = one key of one cell.
@@ -21,12 +21,10 @@ from typing import Iterable
 
 from django.db import connection, models
 
+from worldcell import sql
 from worldcell.fields import BytewiseTextField  # COLLATE "C" on PostgreSQL, chosen when the migration is applied
 
 __all__ = ["IndexEntry", "IndexEntryManager", "lock_hook_token"]
-
-
-_TABLE = '"cells_indexentry"'
 
 
 class IndexEntryManager(models.Manager):
@@ -39,10 +37,8 @@ class IndexEntryManager(models.Manager):
 
     def value_of(self, cell: str, key: str) -> str | None:
         """The stored text of ``key`` in ``cell``, or None when absent."""
-        with connection.cursor() as cur:
-            cur.execute(f"SELECT value FROM {_TABLE} WHERE cell = %s AND key = %s", [cell, key])
-            row = cur.fetchone()
-        return None if row is None else row[0]
+        found = sql.rows(sql.database(), _VALUE_OF, [cell, key])
+        return found[0][0] if found else None
 
     def values_of(self, cell: str, keys: Iterable[str], *, for_update: bool = False) -> dict[str, str]:
         """``{key: text}`` of those ``keys`` that exist in ``cell`` (one query).
@@ -53,12 +49,9 @@ class IndexEntryManager(models.Manager):
         keys = list(keys)
         marks = ", ".join(["%s"] * len(keys))
         lock = " FOR UPDATE" if for_update and connection.features.has_select_for_update else ""
-        with connection.cursor() as cur:
-            cur.execute(
-                f"SELECT key, value FROM {_TABLE} WHERE cell = %s AND key IN ({marks}){lock}",
-                [cell, *keys],
-            )
-            return dict(cur.fetchall())
+        return dict(sql.rows(
+            sql.database(), f'SELECT key, value FROM "{_TABLE}" WHERE cell = %s AND key IN ({marks}){lock}', [cell, *keys],
+        ))
 
     def put_values(self, cell: str, items: Iterable[tuple[str, str]]) -> None:
         """Insert or overwrite each ``(key, text)`` of ``cell`` in one upsert statement."""
@@ -67,12 +60,12 @@ class IndexEntryManager(models.Manager):
         params: list[str] = []
         for key, text in items:
             params += [cell, key, text]
-        with connection.cursor() as cur:
-            cur.execute(
-                f"INSERT INTO {_TABLE} (cell, key, value) VALUES {rows} "
-                "ON CONFLICT (cell, key) DO UPDATE SET value = excluded.value",
-                params,
-            )
+        sql.rowcount(
+            sql.database(),
+            f'INSERT INTO "{_TABLE}" (cell, key, value) VALUES {rows} '
+            "ON CONFLICT (cell, key) DO UPDATE SET value = excluded.value",
+            params,
+        )
 
     def delete_keys(self, cell: str, keys: Iterable[str]) -> int:
         """Delete those ``keys`` of ``cell`` that exist; returns how many rows went."""
@@ -80,9 +73,7 @@ class IndexEntryManager(models.Manager):
         if not keys:
             return 0
         marks = ", ".join(["%s"] * len(keys))
-        with connection.cursor() as cur:
-            cur.execute(f"DELETE FROM {_TABLE} WHERE cell = %s AND key IN ({marks})", [cell, *keys])
-            return cur.rowcount
+        return sql.rowcount(sql.database(), f'DELETE FROM "{_TABLE}" WHERE cell = %s AND key IN ({marks})', [cell, *keys])
 
     def page_of_keys(
         self,
@@ -110,17 +101,12 @@ class IndexEntryManager(models.Manager):
             params.append(cursor)
         order = "DESC" if reverse else "ASC"
         params.append(fetch)
-        with connection.cursor() as cur:
-            cur.execute(
-                f"SELECT key FROM {_TABLE} WHERE {' AND '.join(where)} "
-                f"ORDER BY key {order} LIMIT %s",
-                params,
-            )
-            return [row[0] for row in cur.fetchall()]
+        text = f'SELECT key FROM "{_TABLE}" WHERE {" AND ".join(where)} ORDER BY key {order} LIMIT %s'
+        return [row[0] for row in sql.rows(sql.database(), text, params)]
 
 
 class IndexEntry(models.Model):
-    """One key of one index cell (PROTOCOL.md §6.1).
+    """One key of one index cell (docs/protocol.md §6.1).
 
     Fields:
         cell: the cell name (the client always uses ``index``); bytewise collation.
@@ -148,6 +134,10 @@ class IndexEntry(models.Model):
         return f"{self.cell}/{self.key}"
 
 
+_TABLE = sql.table(IndexEntry)
+_VALUE_OF = f'SELECT value FROM "{_TABLE}" WHERE cell = %s AND key = %s'
+
+
 def _hook_token_lock_id(cell: str, token: str) -> int:
     digest = hashlib.blake2b(
         f"worldcell:index-hook-token\x00{cell}\x00{token}".encode("utf-8", "surrogatepass"), digest_size=8
@@ -160,12 +150,11 @@ def lock_hook_token(cell: str, token: str) -> None:
 
     PostgreSQL: ``pg_advisory_xact_lock`` on a 64-bit hash of (cell, token),
     so operations on *different* tokens never wait for each other (§6.3,
-    DESIGN.md rule 1) and no lock row has to be created or cleaned up. A hash
+    docs/architecture.md rule 1) and no lock row has to be created or cleaned up. A hash
     collision can only make two tokens wait for each other, never break
     correctness. SQLite: a no-op — its IMMEDIATE transactions already hold
     the database write lock. Must be called inside ``transaction.atomic()``.
     """
     if connection.vendor != "postgresql":
         return
-    with connection.cursor() as cur:
-        cur.execute("SELECT pg_advisory_xact_lock(%s)", [_hook_token_lock_id(cell, token)])
+    sql.rows(sql.database(), "SELECT pg_advisory_xact_lock(%s)", [_hook_token_lock_id(cell, token)])

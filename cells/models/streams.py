@@ -1,4 +1,4 @@
-"""Models of the streams cell: streams, their chunks, and per-run stream registries (PROTOCOL.md §8).
+"""Models of the streams cell: streams, their chunks, and per-run stream registries (docs/protocol.md §8).
 
 A streams cell plays two roles chosen by which methods are called (§8.1):
 
@@ -21,62 +21,15 @@ IMMEDIATE transaction on SQLite.
 """
 from __future__ import annotations
 
-from contextlib import contextmanager
 from datetime import datetime
-from typing import Any, Iterator
+from typing import Any
 
 from django.db import connection, models, transaction
 
+from worldcell import sql
 from worldcell.fields import BytewiseTextField
 
 __all__ = ["Stream", "StreamChunk", "StreamManager", "StreamRegistration", "StreamRegistrationManager"]
-
-
-# Table and column names are fixed, so the SQL is plain text; double-quoted
-# identifiers are valid on both PostgreSQL and SQLite.
-_UPSERT_FOR_APPEND = (
-    'INSERT INTO "cells_stream" AS s (name, "count", closed, created_at, updated_at) '
-    "VALUES (%s, 1, %s, %s, %s) "
-    'ON CONFLICT (name) DO UPDATE SET "count" = s."count" + 1, updated_at = excluded.updated_at '
-    "WHERE NOT s.closed "
-    'RETURNING id, "count" - 1'
-)
-# PostgreSQL: allocation and chunk insert chained by a CTE — one statement,
-# one round trip, atomic on its own. No row comes back when the stream is closed.
-_APPEND_PG = (
-    f"WITH alloc (stream_id, idx) AS ({_UPSERT_FOR_APPEND}) "
-    'INSERT INTO "cells_streamchunk" (stream_id, "index", data, value) '
-    'SELECT stream_id, idx, %s::bytea, %s::text FROM alloc RETURNING "index"'
-)
-_INSERT_CHUNK = 'INSERT INTO "cells_streamchunk" (stream_id, "index", data, value) VALUES (%s, %s, %s, %s)'
-_CLOSE = (
-    'INSERT INTO "cells_stream" AS s (name, "count", closed, created_at, updated_at) '
-    "VALUES (%s, 0, %s, %s, %s) "
-    "ON CONFLICT (name) DO UPDATE SET closed = %s, updated_at = excluded.updated_at"
-)
-_META = 'SELECT id, "count", closed FROM "cells_stream" WHERE name = %s'
-_CHUNK_PAGE = (
-    'SELECT data, value FROM "cells_streamchunk" '
-    'WHERE stream_id = %s AND "index" >= %s AND "index" < %s ORDER BY "index"'
-)
-
-
-@contextmanager
-def _native_pg_cursor() -> Iterator[Any]:
-    """A psycopg cursor with server-side parameters on Django's own connection.
-
-    Chunk bytes then travel in binary both ways instead of as hex literals
-    (a 16 MiB chunk writes ~2x and reads ~3x faster). It shares Django's
-    connection, transaction and autocommit state; errors are translated to
-    ``django.db`` exceptions. Queries sent here do not appear in Django's
-    query log.
-    """
-    import psycopg
-
-    connection.close_if_health_check_failed()
-    connection.ensure_connection()
-    with connection.wrap_database_errors, psycopg.Cursor(connection.connection) as cur:
-        yield cur
 
 
 class StreamManager(models.Manager):
@@ -92,32 +45,29 @@ class StreamManager(models.Manager):
         nothing, when the stream is closed.
         """
         if connection.vendor == "postgresql":
-            with _native_pg_cursor() as cur:
+            with sql.binary_cursor(sql.database()) as cur:
                 cur.execute(_APPEND_PG, [name, False, now, now, data, value])
                 row = cur.fetchone()
             return None if row is None else row[0]
         stamp = connection.ops.adapt_datetimefield_value(now)
-        with transaction.atomic(), connection.cursor() as cur:
-            cur.execute(_UPSERT_FOR_APPEND, [name, False, stamp, stamp])
-            row = cur.fetchone()
-            if row is None:
+        db = sql.database()
+        with transaction.atomic():
+            allocated = sql.rows(db, _UPSERT_FOR_APPEND, [name, False, stamp, stamp])
+            if not allocated:
                 return None
-            stream_id, index = row
-            cur.execute(_INSERT_CHUNK, [stream_id, index, data, value])
+            stream_id, index = allocated[0]
+            sql.rowcount(db, _INSERT_CHUNK, [stream_id, index, data, value])
             return index
 
     def close(self, name: str, now: datetime) -> None:
         """Mark stream ``name`` closed, creating it (empty) if missing; idempotent (§8.2)."""
         stamp = connection.ops.adapt_datetimefield_value(now)
-        with connection.cursor() as cur:
-            cur.execute(_CLOSE, [name, True, stamp, stamp, True])
+        sql.rowcount(sql.database(), _CLOSE, [name, True, stamp, stamp, True])
 
     def meta(self, name: str) -> tuple[int, int, bool] | None:
         """``(id, count, closed)`` of stream ``name``, or None when it was never written."""
-        with connection.cursor() as cur:
-            cur.execute(_META, [name])
-            row = cur.fetchone()
-        return None if row is None else (row[0], row[1], bool(row[2]))
+        found = sql.rows(sql.database(), _META, [name])
+        return (found[0][0], found[0][1], bool(found[0][2])) if found else None
 
     @staticmethod
     def chunk_page_query(stream_id: int, start: int, end: int, limit: int | None) -> tuple[str, list[Any]]:
@@ -142,14 +92,12 @@ class StreamManager(models.Manager):
         stream row, so a page never runs past the ``tailIndex`` it reports.
         ``data`` is bytes (or None for a non-bytes chunk).
         """
-        sql, params = self.chunk_page_query(stream_id, start, end, limit)
+        text, params = self.chunk_page_query(stream_id, start, end, limit)
         if connection.vendor == "postgresql":
-            with _native_pg_cursor() as cur:
-                cur.execute(sql, params, binary=True)
+            with sql.binary_cursor(sql.database()) as cur:
+                cur.execute(text, params, binary=True)
                 return cur.fetchall()
-        with connection.cursor() as cur:
-            cur.execute(sql, params)
-            return cur.fetchall()
+        return sql.rows(sql.database(), text, params)
 
 
 class StreamRegistrationManager(models.Manager):
@@ -157,18 +105,11 @@ class StreamRegistrationManager(models.Manager):
 
     def register(self, cell: str, name: str, now: datetime) -> None:
         """Record ``name`` in registry cell ``cell``; idempotent (one INSERT … ON CONFLICT DO NOTHING)."""
-        with connection.cursor() as cur:
-            cur.execute(
-                'INSERT INTO "cells_streamregistration" (cell, name, created_at) VALUES (%s, %s, %s) '
-                "ON CONFLICT (cell, name) DO NOTHING",
-                [cell, name, connection.ops.adapt_datetimefield_value(now)],
-            )
+        sql.rowcount(sql.database(), _REGISTER, [cell, name, connection.ops.adapt_datetimefield_value(now)])
 
     def names(self, cell: str) -> list[str]:
         """Every name registered in ``cell``, ascending bytewise (index scan on ``(cell, name)``)."""
-        with connection.cursor() as cur:
-            cur.execute('SELECT name FROM "cells_streamregistration" WHERE cell = %s ORDER BY name', [cell])
-            return [row[0] for row in cur.fetchall()]
+        return [row[0] for row in sql.rows(sql.database(), _NAMES, [cell])]
 
 
 class Stream(models.Model):
@@ -251,3 +192,40 @@ class StreamRegistration(models.Model):
 
     def __str__(self) -> str:
         return f"{self.cell}/{self.name}"
+
+
+# =========================================================================== SQL of the streams cell
+#
+# Fixed text (``worldcell.sql``), table names from the models; double-quoted
+# identifiers are valid on both PostgreSQL and SQLite.
+
+_STREAM, _CHUNK, _REGISTRATION = sql.table(Stream), sql.table(StreamChunk), sql.table(StreamRegistration)
+_UPSERT_FOR_APPEND = (
+    f'INSERT INTO "{_STREAM}" AS s (name, "count", closed, created_at, updated_at) '
+    "VALUES (%s, 1, %s, %s, %s) "
+    'ON CONFLICT (name) DO UPDATE SET "count" = s."count" + 1, updated_at = excluded.updated_at '
+    "WHERE NOT s.closed "
+    'RETURNING id, "count" - 1'
+)
+# PostgreSQL: allocation and chunk insert chained by a CTE — one statement,
+# one round trip, atomic on its own. No row comes back when the stream is closed.
+_APPEND_PG = (
+    f"WITH alloc (stream_id, idx) AS ({_UPSERT_FOR_APPEND}) "
+    f'INSERT INTO "{_CHUNK}" (stream_id, "index", data, value) '
+    'SELECT stream_id, idx, %s::bytea, %s::text FROM alloc RETURNING "index"'
+)
+_INSERT_CHUNK = f'INSERT INTO "{_CHUNK}" (stream_id, "index", data, value) VALUES (%s, %s, %s, %s)'
+_CLOSE = (
+    f'INSERT INTO "{_STREAM}" AS s (name, "count", closed, created_at, updated_at) '
+    "VALUES (%s, 0, %s, %s, %s) "
+    "ON CONFLICT (name) DO UPDATE SET closed = %s, updated_at = excluded.updated_at"
+)
+_META = f'SELECT id, "count", closed FROM "{_STREAM}" WHERE name = %s'
+_CHUNK_PAGE = (
+    f'SELECT data, value FROM "{_CHUNK}" '
+    'WHERE stream_id = %s AND "index" >= %s AND "index" < %s ORDER BY "index"'
+)
+_REGISTER = (
+    f'INSERT INTO "{_REGISTRATION}" (cell, name, created_at) VALUES (%s, %s, %s) ON CONFLICT (cell, name) DO NOTHING'
+)
+_NAMES = f'SELECT name FROM "{_REGISTRATION}" WHERE cell = %s ORDER BY name'

@@ -12,7 +12,7 @@ import json
 import pytest
 from hypothesis import given, settings as hsettings, strategies as st
 
-from queueing.testing import enqueue_request
+from tests.queueing.support import enqueue_request
 from tests.rpc.rawhttp import exchange, request_head
 from worldcell import codec
 

@@ -12,7 +12,7 @@ import threading
 
 import pytest
 
-from queueing.testing import enqueue_request
+from tests.queueing.support import enqueue_request
 from tests.conftest import encode_component
 from tests.rpc.rawhttp import Reader, chunked, connect, exchange, request_head
 from worldcell import codec, rpc

@@ -12,7 +12,7 @@ import pytest
 from django.db import connection, transaction
 from django.test import Client
 
-from cells import event_machine
+from cells import faults
 from cells.event_machine import format_event_id
 from cells.models import Event, RunCellState, Step
 
@@ -170,43 +170,37 @@ class TestManyRuns:
 @pytest.mark.django_db(transaction=True)
 class TestCrashes:
     @pytest.mark.parametrize("crash_at", ["store_event", "save_event_sequence"])
-    def test_a_crash_after_the_entity_write_leaves_nothing_behind(self, rpc, monkeypatch, crash_at):
+    def test_a_crash_after_the_entity_write_leaves_nothing_behind(self, rpc, crash_at):
         run = RunClient(rpc, "wrun_crash")
         run.create()
         run.step("s1")
         before_step, before_events = run.get_step("s1"), run.event_ids()
 
-        def crash(*args, **kwargs):
-            raise RuntimeError("injected crash")
-
-        monkeypatch.setattr(event_machine, crash_at, crash)
-        status, body = run.send("step_started", "s1")
+        with faults.inject(crash_at, RuntimeError("injected crash")):
+            status, body = run.send("step_started", "s1")
         assert (status, body["error"]["message"]) == (500, "injected crash")
-        monkeypatch.undo()
         assert run.get_step("s1") == before_step
         assert run.event_ids() == before_events
         assert RunCellState.objects.get(name="wrun_crash").event_sequence == 2
         assert run.ok("step_started", "s1")["event"]["eventId"] == format_event_id(3)
 
-    def test_a_crash_while_creating_a_run_leaves_no_cell_behind(self, rpc, monkeypatch):
-        monkeypatch.setattr(event_machine, "store_event", lambda *a, **k: 1 / 0)
+    def test_a_crash_while_creating_a_run_leaves_no_cell_behind(self, rpc):
         run = RunClient(rpc, "wrun_crash")
-        status, body = run.send("run_created", event_data={"deploymentId": "d", "workflowName": "w", "input": 1})
-        assert (status, body["error"]["name"]) == (500, "ZeroDivisionError")
-        assert not RunCellState.objects.filter(name="wrun_crash").exists()
-        assert Event.objects.count() == 0
-        monkeypatch.undo()
+        with faults.inject("store_event", ZeroDivisionError("injected")):
+            status, body = run.send("run_created", event_data={"deploymentId": "d", "workflowName": "w", "input": 1})
+            assert (status, body["error"]["name"]) == (500, "ZeroDivisionError")
+            assert not RunCellState.objects.filter(name="wrun_crash").exists()
+            assert Event.objects.count() == 0
         assert run.create()["event"]["eventId"] == format_event_id(1)
 
-    def test_a_crash_while_releasing_hooks_keeps_the_run_running(self, rpc, monkeypatch):
+    def test_a_crash_while_releasing_hooks_keeps_the_run_running(self, rpc):
         run = RunClient(rpc, "wrun_crash")
         run.create()
         run.ok("run_started")
         run.hook("h1", "t1")
-        monkeypatch.setattr(event_machine, "release_all_hooks", lambda cell: 1 / 0)
-        status, _ = run.send("run_completed", event_data={"output": 1})
+        with faults.inject("release_all_hooks", ZeroDivisionError("injected")):
+            status, _ = run.send("run_completed", event_data={"output": 1})
         assert status == 500
-        monkeypatch.undo()
         assert run.get_run()["status"] == "running"
         assert len(run.list_hooks()["data"]) == 1
         assert run.event_types() == ["run_created", "run_started", "hook_created"]

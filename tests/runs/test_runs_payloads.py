@@ -73,18 +73,18 @@ def test_it_round_trips_a_5_mb_value(run):
 
 
 def test_later_events_do_not_rewrite_a_big_input(run, monkeypatch):
-    from cells.models import runs as storage
+    from worldcell import sql as storage
 
     sent: list[tuple[str, list]] = []
-    execute = storage._execute
+    execute = storage.execute
 
-    def recording(db, statements, batched):
+    def recording(db, statements):
         sent.extend((sql, list(params)) for sql, params, _ in statements)
-        return execute(db, statements, batched)
+        return execute(db, statements)
 
     run.create(input=[b"x" * 1_000_000])
     run.ok("step_created", "s1", {"stepName": "n", "input": b"y" * 1_000_000})
-    monkeypatch.setattr(storage, "_execute", recording)
+    monkeypatch.setattr(storage, "execute", recording)
     run.ok("run_started")
     run.ok("step_started", "s1")
     run.ok("step_completed", "s1", {"result": 1})

@@ -1,4 +1,4 @@
-"""How ``applyEvent`` talks to the database (cells.models.runs.LockedRunCell).
+"""How ``applyEvent`` talks to the database (cells.run_store.LockedRunCell, worldcell.sql).
 
 Over the RPC route on PostgreSQL the connection is in autocommit mode, so
 ``applyEvent`` carries ``BEGIN`` in the query string that locks the cell and
@@ -17,10 +17,11 @@ import pytest
 from django.db import connection, transaction
 from django.test import Client
 
-from cells import event_machine
+from cells import event_machine, faults
 from cells.event_machine import format_event_id
-from cells.models import Event, LockedRunCell, RunCellState, Step
-from cells.models import runs as storage
+from cells.models import Event, RunCellState, Step
+from cells.run_store import LockedRunCell
+from worldcell import sql as storage
 from cells.runs import RunCell
 
 from tests.conftest import RpcClient, is_postgres
@@ -135,10 +136,9 @@ def test_a_database_error_while_writing_rolls_everything_back(run):
 
 def test_a_crash_between_reading_and_writing_releases_the_lock(run, monkeypatch):
     run.create()
-    monkeypatch.setattr(event_machine, "store_event", lambda *a: 1 / 0)
-    status, _ = run.send("wait_created", "w1", {"resumeAt": 0})
+    with faults.inject("store_event", ZeroDivisionError("injected")):
+        status, _ = run.send("wait_created", "w1", {"resumeAt": 0})
     assert status == 500
-    monkeypatch.undo()
     _assert_no_open_transaction()
     if is_postgres():
         with transaction.atomic():  # nobody holds the cell's row lock any more
@@ -244,13 +244,13 @@ def test_only_a_pending_run_preloads_its_events_for_run_started(run):
     run.create()
     with transaction.atomic():
         cell = LockedRunCell("wrun_test")
-        event_machine.open_cell(cell, {"eventType": "run_started"})
+        event_machine.open_cell(cell, event_machine.EventRequest("wrun_test", {"eventType": "run_started"}))
         assert [e["eventType"] for e in cell.first_events(1000)] == ["run_created"]
         assert cell._first_bodies is not None
     run.ok("run_started")
     with transaction.atomic():
         cell = LockedRunCell("wrun_test")
-        event_machine.open_cell(cell, {"eventType": "run_started"})
+        event_machine.open_cell(cell, event_machine.EventRequest("wrun_test", {"eventType": "run_started"}))
         assert cell._first_bodies is None
         assert len(cell.first_events(1000)) == 2  # still right if asked
     assert "events" not in run.ok("run_started")
