@@ -49,8 +49,25 @@ def main() -> None:
         _bootstrap_virtualenv()
         raise
     from django.core.management import execute_from_command_line
+    from django.db.utils import OperationalError
 
-    execute_from_command_line(sys.argv)
+    try:
+        execute_from_command_line(sys.argv)
+    except OperationalError as exc:
+        if "--traceback" in sys.argv or not _is_connection_error(exc):
+            raise
+        from worldcell.startup import EXIT_CONFIG, describe_database_error
+
+        # one line instead of a traceback (README.md "PostgreSQL"); --traceback shows it all
+        print(f"worldcell: {describe_database_error(exc)}", file=sys.stderr)
+        raise SystemExit(EXIT_CONFIG) from None
+
+
+def _is_connection_error(exc: BaseException) -> bool:
+    """Whether ``exc`` says the database could not be opened (not a failing query)."""
+    text = str(exc)
+    return any(s in text for s in ("connection failed", "could not connect", "Connection refused",
+                                   "does not exist", "unable to open database file", "password authentication"))
 
 
 if __name__ == "__main__":

@@ -43,6 +43,7 @@ from django.db.models import F
 
 from queueing.runref import run_of_message  # noqa: F401 - re-exported
 from worldcell import clock, codec
+from worldcell import metrics
 from worldcell import sql as wsql
 from worldcell.errors import CellError
 
@@ -825,6 +826,7 @@ def sweep(now: datetime | None = None, *, batch: int | None = None, dry_run: boo
         else:
             report.more = len(open_tombs) >= batch
         report.expired = len(expired)
+        metrics.record_expired(report.expired)
         if open_tombs or expired:
             try:
                 cleaned, waiting = clean_runs(open_tombs + expired, now)

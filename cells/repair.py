@@ -33,6 +33,7 @@ from django.conf import settings
 from django.db import IntegrityError, connection, transaction
 
 from worldcell import clock, codec
+from worldcell import metrics
 from worldcell import sql as wsql
 
 from .models import Event, Hook, LifecycleState, Run, RunCellState
@@ -55,22 +56,16 @@ _repairs = 0
 
 
 def repairs_total() -> int:
-    """Repairs (re-enqueued workflow messages) made by this process (the metric counter)."""
+    """Repairs (re-enqueued workflow messages) made by this process."""
     return _repairs
 
 
 def _count_repair() -> None:
+    """Count one repair: this process's total and the ``worldcell_stuck_run_repairs`` metric."""
     global _repairs
     with _repairs_lock:
         _repairs += 1
-    try:  # the ops metrics module, when it exists, exports the counter
-        from worldcell import metrics  # type: ignore[attr-defined]
-
-        counter = getattr(metrics, "STUCK_RUN_REPAIRS", None)
-        if counter is not None:
-            counter.inc()
-    except ImportError:
-        pass
+    metrics.record_repair()
 
 
 def threshold_ms() -> int | None:

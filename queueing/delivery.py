@@ -26,6 +26,8 @@ import time
 from dataclasses import dataclass
 from typing import Callable
 
+from worldcell import metrics
+
 from . import config, httpclient, machine
 from .machine import Claim, DeliveryRow
 
@@ -232,6 +234,7 @@ def deliver_claim(
             "was acked; ignored",
             claim.cell_name, claim.message_id, outcome.status or outcome.reason,
         )
+    metrics.record_delivery(row, result, elapsed_ms / 1000)
     return DeliveryReport(claim, row.attempt + 1, outcome, result, elapsed_ms, tuple(next_claims))
 
 

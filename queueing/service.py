@@ -31,6 +31,7 @@ from __future__ import annotations
 import math
 from typing import Any
 
+from worldcell import metrics
 from worldcell.errors import ValidationError
 from worldcell.keys import require_storable as _storable
 
@@ -139,16 +140,19 @@ class QueueCell:
         """
         parsed = parse_enqueue_request(request)
         if parsed.run_id is not None:
-            from cells import lifecycle, repair
+            from cells import lifecycle
 
             refused = lifecycle.refuse_enqueue(parsed.run_id)
             if refused is not None:
                 return refused
-            answer = machine.enqueue(self.name, parsed)
-            if answer.get("ok") and not answer.get("deduped"):
+        result = machine.enqueue(self.name, parsed)
+        if result.get("ok"):
+            metrics.record_enqueue(parsed.queue_name, bool(result.get("deduped")))
+            if parsed.run_id is not None and not result.get("deduped"):
+                from cells import repair
+
                 repair.remember_flow_message(self.name, parsed)
-            return answer
-        return machine.enqueue(self.name, parsed)
+        return result
 
     def stats(self) -> dict[str, Any]:
         """``stats([])`` -> ``{"pending","inflight","deadLetters","alarmAt"}`` (§7.9)."""

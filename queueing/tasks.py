@@ -38,7 +38,7 @@ import os
 import threading
 
 from celery import shared_task
-from celery.signals import worker_shutting_down
+from celery.signals import worker_ready, worker_shutting_down
 from django.conf import settings
 from django.db import close_old_connections
 
@@ -99,8 +99,14 @@ def send_deliveries(claims: list[Claim]) -> None:
 
 @shared_task(name="queueing.tasks.fire_due_alarms", ignore_result=True)
 def fire_due_alarms() -> int:
-    """Beat: have this worker's pump fire every due queue cell now (``LocalPump.tick``)."""
+    """Beat: have this worker's pump fire every due queue cell now (``LocalPump.tick``).
+
+    Also records beat's tick for readiness (``worldcell.health.record_beat``, one UPDATE).
+    """
     worker_pump().wake()
+    from worldcell.health import record_beat
+
+    record_beat()
     return 0
 
 
@@ -152,3 +158,11 @@ def deliver_message(cell_name: str, cell_id: int, message_pk: int, message_id: s
         return made
     finally:
         close_old_connections()
+
+
+@worker_ready.connect
+def _serve_worker_metrics(**kwargs) -> None:
+    """Serve this worker's delivery metrics on ``WORLDCELL_WORKER_METRICS_PORT`` (docs/operations.md "Metrics")."""
+    from worldcell import metrics
+
+    metrics.serve_worker_metrics()

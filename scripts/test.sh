@@ -16,6 +16,13 @@ if [ ! -f .venv/.worldcell-installed ] || [ pyproject.toml -nt .venv/.worldcell-
   touch .venv/.worldcell-installed
 fi
 
+# System packages the tests use: nginx (the buffering front of contrib/nginx-gunicorn.conf).
+if ! command -v nginx >/dev/null 2>&1 && [ ! -x /usr/sbin/nginx ] && [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then
+  echo "test.sh: installing nginx-light"
+  (apt-get install -y -q nginx-light >/dev/null 2>&1 || { apt-get update -q >/dev/null 2>&1 && apt-get install -y -q nginx-light >/dev/null 2>&1; }) \
+    || echo "test.sh: could not install nginx-light; the nginx front tests will be skipped" >&2
+fi
+
 scripts/services.sh
 
 PG_URL=${TEST_POSTGRES_URL:-postgres://postgres@127.0.0.1:5432/worldcell}

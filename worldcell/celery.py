@@ -5,11 +5,35 @@ second (DESIGN.md "Delivery"). Configuration comes from Django settings keys
 prefixed ``CELERY_`` (see ``worldcell.settings``).
 """
 import os
+import sys
 
 from celery import Celery
+from celery.signals import beat_init, worker_init
 
 os.environ.setdefault("DJANGO_SETTINGS_MODULE", "worldcell.settings")
 
 app = Celery("worldcell")
 app.config_from_object("django.conf:settings", namespace="CELERY")
 app.autodiscover_tasks()
+
+
+def _started_by_the_celery_command() -> bool:
+    """True in a ``celery -A worldcell worker|beat`` process (not a worker embedded in tests)."""
+    return os.path.basename(sys.argv[0]) in ("celery", "celery.exe") or sys.argv[0].endswith("celery/__main__.py")
+
+
+@worker_init.connect
+def _check_worker_configuration(**kwargs) -> None:
+    """A bad configuration stops the worker with one line and exit status 2 (``worldcell.startup``)."""
+    if _started_by_the_celery_command():
+        from .startup import exit_if_misconfigured
+
+        exit_if_misconfigured("worker")
+
+
+@beat_init.connect
+def _check_beat_configuration(**kwargs) -> None:
+    if _started_by_the_celery_command():
+        from .startup import exit_if_misconfigured
+
+        exit_if_misconfigured("beat")

@@ -85,6 +85,11 @@ def register_binding(name: str, factory: Callable[[str], Any], methods: Mapping[
     _REGISTRY[name] = Binding(name, factory, dict(methods), arity)
 
 
+def registered() -> dict[str, Binding]:
+    """Every registered binding by name (a copy; ``/v1/docs`` is generated from it)."""
+    return dict(_REGISTRY)
+
+
 def lookup(binding: str, method: str) -> Binding | None:
     """The registered binding serving ``binding.method``, or None (-> 404)."""
     b = _REGISTRY.get(binding)

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import logging
 import re
+import time
 from typing import Any
 from urllib.parse import unquote_to_bytes, urlsplit, quote
 
@@ -16,7 +17,7 @@ from django.conf import settings
 from django.db import DatabaseError
 from django.http import HttpRequest, HttpResponse
 
-from . import codec, dispatch
+from . import codec, dispatch, metrics
 from .auth import bearer_token_is_valid
 from .errors import CellError
 
@@ -146,10 +147,12 @@ def handle(request: HttpRequest) -> HttpResponse:
     500 (``CellError`` name/message), validation errors 400, and unexpected
     exceptions 500 with their class name, logged with a traceback.
     """
+    started = time.perf_counter()
     response = _answer(request)
     response["Content-Length"] = str(len(response.content))
     if request.method == "HEAD":
         response.content = b""
+    metrics.observe_rpc(request.path_info, response.status_code, time.perf_counter() - started)
     return response
 
 

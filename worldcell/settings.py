@@ -45,6 +45,8 @@ MIDDLEWARE = [
     "worldcell.middleware.RpcFastPathMiddleware",
     "worldcell.middleware.CollapseSlashesMiddleware",
     "django.middleware.security.SecurityMiddleware",
+    # static files from the application itself, any WSGI server (docs/operations.md "Static files")
+    "worldcell.staticfiles.StaticFilesMiddleware",
     "django.contrib.sessions.middleware.SessionMiddleware",
     "django.middleware.common.CommonMiddleware",
     "django.middleware.csrf.CsrfViewMiddleware",
@@ -177,8 +179,47 @@ LANGUAGE_CODE = "en-us"
 TIME_ZONE = "UTC"
 USE_I18N = False
 USE_TZ = True
+
+# --- Static files (docs/operations.md "Static files") ------------------------
+# whitenoise serves them from the application under any WSGI server. ``manage.py
+# collectstatic`` (devfleet runs it at start) writes compressed copies with
+# content-hashed names into STATIC_ROOT, cached for a year; without it the
+# files are served unhashed from the apps themselves (WHITENOISE_USE_FINDERS).
 STATIC_URL = "static/"
-STATIC_ROOT = DATA_DIR / "static"
+STATIC_ROOT = Path(env.str("WORLDCELL_STATIC_ROOT", default=str(DATA_DIR / "static")))
+STORAGES = {
+    "default": {"BACKEND": "django.core.files.storage.FileSystemStorage"},
+    "staticfiles": {"BACKEND": "worldcell.staticfiles.StaticStorage"},
+}
+WHITENOISE_USE_FINDERS = True
+
+# --- Behind a reverse proxy (docs/operations.md "Behind a proxy") --------------
+CSRF_TRUSTED_ORIGINS = env.list("DJANGO_CSRF_TRUSTED_ORIGINS", default=[])
+# Opt-in: trust X-Forwarded-Proto only when a proxy you run always sets it.
+if env.bool("DJANGO_SECURE_PROXY_SSL_HEADER", default=False):
+    SECURE_PROXY_SSL_HEADER = ("HTTP_X_FORWARDED_PROTO", "https")
+USE_X_FORWARDED_HOST = env.bool("DJANGO_USE_X_FORWARDED_HOST", default=False)
+SESSION_COOKIE_SECURE = CSRF_COOKIE_SECURE = env.bool("DJANGO_SECURE_COOKIES", default=False)
+SECURE_HSTS_SECONDS = env.int("DJANGO_SECURE_HSTS_SECONDS", default=0)
+SECURE_HSTS_INCLUDE_SUBDOMAINS = env.bool("DJANGO_SECURE_HSTS_INCLUDE_SUBDOMAINS", default=False)
+SECURE_HSTS_PRELOAD = env.bool("DJANGO_SECURE_HSTS_PRELOAD", default=False)
+SECURE_SSL_REDIRECT = env.bool("DJANGO_SECURE_SSL_REDIRECT", default=False)
+# probes and scrapers talk plain HTTP to the instance itself
+SECURE_REDIRECT_EXEMPT = [r"^healthz/", r"^metrics$"]
+
+# --- Health and metrics (docs/operations.md "Health", "Metrics") -------------
+# Readiness fails when beat's last tick (recorded by fire_due_alarms) is older
+# than this, or when the most overdue queue alarm is older than the other.
+HEALTH_BEAT_MAX_AGE_S = env.float("HEALTH_BEAT_MAX_AGE_S", default=15.0)
+HEALTH_ALARM_MAX_OVERDUE_S = env.float("HEALTH_ALARM_MAX_OVERDUE_S", default=60.0)
+HEALTH_CHECK_TIMEOUT_S = env.float("HEALTH_CHECK_TIMEOUT_S", default=2.0)
+# /metrics: on unless false; a bearer token, when set, is required to scrape.
+METRICS_ENABLED = env.bool("WORLDCELL_METRICS", default=True)
+METRICS_TOKEN = env.str("METRICS_TOKEN", default="")
+METRICS_COUNT_CAP = env.int("METRICS_COUNT_CAP", default=100_000)
+# a Celery worker serves its own delivery metrics here (0 = off)
+WORKER_METRICS_PORT = env.int("WORLDCELL_WORKER_METRICS_PORT", default=0)
+WORKER_METRICS_HOST = env.str("WORLDCELL_WORKER_METRICS_HOST", default="127.0.0.1")
 
 LOGGING = {
     "version": 1,

@@ -1,9 +1,9 @@
 """Start a real fleet in subprocesses for end-to-end tests.
 
 * ``dev_fleet(db_url)`` — ``manage.py devfleet`` (waitress + in-process pump, no broker).
-* ``celery_fleet(db_url)`` — ``manage.py migrate``, the API server as the README's
-  production section starts it, a Celery worker (threads pool) and Celery beat, against
-  PostgreSQL and Redis.
+* ``celery_fleet(db_url)`` — ``manage.py migrate`` and ``collectstatic``, the API server as
+  the README's production section starts it, a Celery worker (threads pool) and Celery beat,
+  against PostgreSQL and Redis (or only some of them: ``processes``).
 * ``api_server(kind, db_url)`` — ``manage.py migrate`` and one API server
   (``"waitress"`` or ``"gunicorn"``, the README's command lines) on a free port.
 * ``fresh_database(tmp_path)`` — a brand-new database URL (PostgreSQL when the test
@@ -164,16 +164,25 @@ def dev_fleet(db_url: str, data_dir: Path, log_path: Path, extra_env: dict[str, 
 
 
 @contextlib.contextmanager
-def celery_fleet(db_url: str, data_dir: Path, log_dir: Path, broker_url: str, extra_env: dict[str, str] | None = None):
-    """Run migrate, gunicorn, a Celery worker and Celery beat; yields ``(url, secret, procs)``."""
+def celery_fleet(db_url: str, data_dir: Path, log_dir: Path, broker_url: str, extra_env: dict[str, str] | None = None,
+                 processes: tuple[str, ...] = ("api", "worker", "beat"), port: int | None = None,
+                 process_env: dict[str, dict[str, str]] | None = None, api: str = "waitress"):
+    """Run migrate, collectstatic, the API server, a Celery worker and Celery beat as README.md starts them.
+
+    ``processes`` picks which of ``api``, ``worker``, ``beat`` to start, ``process_env``
+    adds variables to one of them, ``api`` names the server (``"waitress"``, the README's
+    production command, or ``"gunicorn"``, its alternative); yields ``(url, secret, procs)``.
+    """
     secret = uuid.uuid4().hex
-    port = free_port()
+    port = port or free_port()
     env = base_env(db_url, secret, data_dir, CELERY_BROKER_URL=broker_url, WORLDCELL_USE_CELERY="true",
                    **(extra_env or {}))
     subprocess.run([PY, "manage.py", "migrate", "--noinput", "-v", "0"], cwd=ROOT, env=env, check=True)
+    if "api" in processes:
+        subprocess.run([PY, "manage.py", "collectstatic", "--noinput", "-v", "0"], cwd=ROOT, env=env, check=True)
     bin_dir = Path(PY).parent
     cmds = {
-        "api": readme_api_command("waitress", port),
+        "api": readme_api_command(api, port),
         "worker": [str(bin_dir / "celery"), "-A", "worldcell", "worker", "--pool", "threads", "--concurrency", "16",
                    "--loglevel", "INFO", "--without-gossip", "--without-mingle"],
         "beat": [str(bin_dir / "celery"), "-A", "worldcell", "beat", "--loglevel", "INFO",
@@ -183,11 +192,15 @@ def celery_fleet(db_url: str, data_dir: Path, log_dir: Path, broker_url: str, ex
     logs = []
     try:
         for name, cmd in cmds.items():
+            if name not in processes:
+                continue
             log = open(log_dir / f"{name}.log", "ab")
             logs.append(log)
-            procs.append(subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT))
+            own_env = {**env, **(process_env or {}).get(name, {})}
+            procs.append(subprocess.Popen(cmd, cwd=ROOT, env=own_env, stdout=log, stderr=subprocess.STDOUT))
         url = f"http://127.0.0.1:{port}"
-        wait_healthy(url, procs)
+        if "api" in processes:
+            wait_healthy(url, procs)
         yield url, secret, procs
     finally:
         _stop(procs)

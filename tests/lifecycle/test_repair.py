@@ -4,6 +4,7 @@ from __future__ import annotations
 import threading
 
 import pytest
+from prometheus_client import REGISTRY
 from django.core.management import call_command
 from django.db import connection
 
@@ -56,8 +57,10 @@ def test_a_purged_run_is_repaired_once_per_stuck_state(rpc, stuck_after, frozen_
     frozen_clock.advance(MIN - 1)
     assert repair.reconcile().repaired == []  # not idle long enough
     frozen_clock.advance(2)
+    before = REGISTRY.get_sample_value("worldcell_stuck_run_repairs_total") or 0
     report = repair.reconcile()
     assert [s.run_id for s in report.stuck] == ["wrun_stuck"] and len(report.repaired) == 1
+    assert REGISTRY.get_sample_value("worldcell_stuck_run_repairs_total") == before + 1  # the metric
     msg = Message.objects.get(run_id="wrun_stuck")
     assert msg.message_id == report.repaired[0] and msg.message_id.startswith("msg_") and len(msg.message_id) == 30
     assert msg.idempotency_key == f"repair:wrun_stuck:{sequence('wrun_stuck')}"

@@ -5,7 +5,9 @@ What it does, in order:
 1. forces the broker off (``WORLDCELL_USE_CELERY = False``): the queue is
    driven by the in-process pump, no Redis or Celery needed;
 2. applies migrations to the configured database (a SQLite file under
-   ``./data`` unless ``DATABASE_URL`` says otherwise);
+   ``./data`` unless ``DATABASE_URL`` says otherwise) and collects the static
+   files (``collectstatic``: the console's CSS/JS, compressed, content-hashed,
+   served by whitenoise; docs/operations.md "Static files");
 3. takes ``WORLD_SECRET`` from the environment, or reuses the one it generated
    on an earlier start (``data/world-secret``), or generates and saves a new one;
 4. prints the environment lines a Node app needs;
@@ -53,6 +55,18 @@ def load_or_create_secret(data_dir: Path) -> tuple[str, str]:
     return secret, "generated"
 
 
+def superuser_hint() -> str:
+    """The ``createsuperuser`` command line for this fleet's database and data dir (shell-quoted)."""
+    import shlex
+
+    db_url = os.environ.get("DATABASE_URL")
+    parts = []
+    if db_url:
+        parts.append("DATABASE_URL=" + shlex.quote(db_url))
+    parts.append("WORLDCELL_DATA_DIR=" + shlex.quote(str(settings.DATA_DIR)))
+    return " ".join(parts) + " python3 manage.py createsuperuser"
+
+
 class Command(BaseCommand):
     help = "Run the whole fleet in one process: API server + in-process alarm pump, no broker."
 
@@ -67,17 +81,22 @@ class Command(BaseCommand):
         parser.add_argument("--drain-seconds", type=float, default=10.0,
                             help="on shutdown, how long to wait for in-flight deliveries (default 10)")
         parser.add_argument("--no-migrate", action="store_true", help="do not apply migrations at start")
+        parser.add_argument("--no-collectstatic", action="store_true",
+                            help="do not collect static files at start (they are then served unhashed)")
         parser.add_argument("--quiet", action="store_true", help="do not log each delivery")
 
     def handle(self, *args, **opts):
         from waitress.server import create_server
 
         from queueing.pump import LocalPump
-        from worldcell.wsgi import application
 
         settings.WORLDCELL_USE_CELERY = False
         if not opts["no_migrate"]:
             call_command("migrate", interactive=False, verbosity=0)
+        if not opts["no_collectstatic"]:
+            call_command("collectstatic", interactive=False, verbosity=0)
+        # imported after collectstatic: whitenoise indexes STATIC_ROOT when the app loads
+        from worldcell.wsgi import application
 
         secret, origin = load_or_create_secret(Path(settings.DATA_DIR))
         settings.WORLD_SECRET = secret
@@ -94,7 +113,8 @@ class Command(BaseCommand):
         self.stdout.write(f"worldcell dev fleet listening on {url}")
         self.stdout.write(f"  database: {db['ENGINE'].rsplit('.', 1)[-1]} {db['NAME']}")
         self.stdout.write(f"  WORLD_SECRET: {origin}" + (f" ({Path(settings.DATA_DIR) / 'world-secret'})" if origin != "environment" else ""))
-        self.stdout.write(f"  admin: {url}/admin/  (create a login: python3 manage.py createsuperuser)")
+        self.stdout.write(f"  admin: {url}/admin/  create a login with the fleet's own settings:")
+        self.stdout.write(f"    {superuser_hint()}")
         self.stdout.write("Point your Node app at it with:")
         self.stdout.write("  WORKFLOW_TARGET_WORLD=@ewhauser/world-celld")
         self.stdout.write(f"  CELLD_FLEET_URL={url}")

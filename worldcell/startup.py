@@ -1,0 +1,90 @@
+"""Configuration checks at process start: one clear line and a non-zero exit (docs/operations.md "Processes").
+
+``check(role)`` loads the settings and connects to the database; for the API
+(``role="api"``) it also requires ``WORLD_SECRET``. It returns None or the
+error text. ``exit_if_misconfigured(role)`` prints that text as ONE line on
+stderr (``worldcell api: configuration error: …``) and exits with status 2
+(``EXIT_CONFIG``), so systemd's ``Restart=always`` and its journal show why
+the service keeps failing instead of a traceback.
+
+Called from ``worldcell/gunicorn_conf.py`` (the API master, before any worker
+starts), from the Celery worker's and beat's init signals (``worldcell.celery``)
+and from ``manage.py`` for a database that cannot be opened.
+"""
+from __future__ import annotations
+
+import os
+import sys
+from urllib.parse import urlsplit
+
+EXIT_CONFIG = 2
+
+__all__ = ["EXIT_CONFIG", "check", "describe_database_error", "exit_if_misconfigured"]
+
+
+def _database_label() -> str:
+    """``DATABASE_URL`` without credentials: ``postgres://host:port/name`` or the SQLite path."""
+    url = os.environ.get("DATABASE_URL", "")
+    if not url:
+        return "the default SQLite file"
+    parts = urlsplit(url)
+    host = parts.hostname or ""
+    port = f":{parts.port}" if parts.port else ""
+    return f"{parts.scheme}://{host}{port}{parts.path}"
+
+
+def describe_database_error(exc: BaseException) -> str:
+    """One line for a failure to open the database: the server's reason, never a password."""
+    text = " ".join(str(exc).split()) or type(exc).__name__
+    # psycopg: 'connection failed: connection to server at "…", port … failed: FATAL:  database "x" does not exist'
+    if "FATAL:" in text:
+        text = text.split("FATAL:", 1)[1].strip()
+    elif "failed:" in text:
+        text = text.rsplit("failed:", 1)[1].strip() or text
+    hint = ""
+    if "does not exist" in text and "database" in text:
+        hint = " (create it: createdb, see README.md \"PostgreSQL\")"
+    return f"cannot open the database {_database_label()} (DATABASE_URL): {text[:300]}{hint}"
+
+
+def check(role: str) -> str | None:
+    """Load the settings and open the database; the first problem found as one line, or None.
+
+    ``role``: ``"api"``, ``"worker"`` or ``"beat"`` (only the API needs ``WORLD_SECRET``).
+    """
+    os.environ.setdefault("DJANGO_SETTINGS_MODULE", "worldcell.settings")
+    try:
+        # the settings only, not django.setup(): in Celery beat that would re-apply LOGGING over
+        # Celery's own handlers, and beat's log lines would vanish
+        from django.conf import settings
+
+        settings.WORLD_SECRET  # noqa: B018 - loads (and validates) the settings module
+    except Exception as exc:  # noqa: BLE001 - a settings error is a configuration error
+        return f"the settings cannot be loaded: {type(exc).__name__}: {' '.join(str(exc).split())[:300]}"
+    if role == "api" and not settings.WORLD_SECRET:
+        return ("WORLD_SECRET is not set: every RPC call would answer 503 WorldNotConfigured "
+                "(set it to the Node app's CELLD_WORLD_SECRET)")
+    from django.db import connections
+
+    try:
+        conn = connections["default"]
+        conn.ensure_connection()
+        conn.close()
+    except Exception as exc:  # noqa: BLE001 - any failure to connect is reported the same way
+        return describe_database_error(exc)
+    return None
+
+
+def exit_if_misconfigured(role: str) -> None:
+    """Run ``check(role)``; on a problem print one line on stderr and exit with ``EXIT_CONFIG``."""
+    problem = check(role)
+    if problem is None:
+        return
+    line = f"worldcell {role}: configuration error: {problem}\n"
+    # straight to file descriptor 2: Celery replaces sys.stderr with a logging proxy
+    try:
+        sys.stderr.flush()
+    except Exception:  # noqa: BLE001
+        pass
+    os.write(2, line.encode("utf-8", "replace"))
+    os._exit(EXIT_CONFIG)  # not SystemExit: gunicorn and Celery would wrap it in their own tracebacks
