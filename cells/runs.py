@@ -31,7 +31,7 @@ from worldcell.sql import is_missing_prepared_statement
 from worldcell.errors import ValidationError
 from worldcell.keys import fits_utf8, storable_text
 
-from . import event_machine, lifecycle
+from . import event_machine, fence
 from .event_schemas import ABSENT, ID_MAX_BYTES, check_indexed_size
 from .javascript import js_string
 from .run_store import LockedRunCell, read_event, read_page, read_run, read_step
@@ -91,7 +91,7 @@ class RunCell:
         event_machine.open_cell(cell, event)
         if cell.expired:  # retention fence: the run has a tombstone (docs/lifecycle.md)
             cell.finish()
-            return lifecycle.expired_outcome(cell.name)
+            return fence.expired_outcome(cell.name)
         # "now" is read under the lock, so event times follow the log order
         outcome = event_machine.apply_event(cell, event, clock.now())
         cell.finish()
@@ -111,7 +111,7 @@ class RunCell:
         return _fits(self.name, ID_MAX_BYTES) and all(storable_text(k) for k in keys)
 
     def get_run(self) -> dict[str, Any] | None:
-        """``getRun([])``: the run entity, or None; raises ``lifecycle.RunExpired`` (410) for an expired run."""
+        """``getRun([])``: the run entity, or None; raises ``fence.RunExpired`` (410) for an expired run."""
         run = read_run(self.name) if self._readable() else None
         return run if run is not None else self._unless_expired(None)
 
@@ -157,13 +157,13 @@ class RunCell:
 
 
     def _unless_expired(self, answer: Any) -> Any:
-        """``answer`` (an empty read), unless the run expired: then raise ``lifecycle.RunExpired`` (410).
+        """``answer`` (an empty read), unless the run expired: then raise ``fence.RunExpired`` (410).
 
         Reads of an expired cell find nothing (``_CELL_ID`` skips it), so only
         an empty answer costs this lookup.
         """
         if _fits(self.name, ID_MAX_BYTES):
-            lifecycle.raise_if_expired(self.name)
+            fence.raise_if_expired(self.name)
         return answer
 
 

@@ -136,13 +136,13 @@ class QueueCell:
 
         A message of an expired run is refused with ``{"ok":false,"code":"RUN_EXPIRED",…}``
         and a stored workflow message is remembered for stuck-run repair
-        (docs/lifecycle.md; ``cells.lifecycle`` and ``cells.repair``).
+        (docs/lifecycle.md; ``cells.fence`` and ``cells.repair``).
         """
         parsed = parse_enqueue_request(request)
         if parsed.run_id is not None:
-            from cells import lifecycle
+            from cells import fence
 
-            refused = lifecycle.refuse_enqueue(parsed.run_id)
+            refused = fence.refuse_enqueue(parsed.run_id)
             if refused is not None:
                 return refused
         result = machine.enqueue(self.name, parsed)
