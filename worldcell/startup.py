@@ -43,7 +43,7 @@ def describe_database_error(exc: BaseException) -> str:
         text = text.rsplit("failed:", 1)[1].strip() or text
     hint = ""
     if "does not exist" in text and "database" in text:
-        hint = " (create it: createdb, see README.md \"PostgreSQL\")"
+        hint = " (create it: createdb, see README.md \"Production: PostgreSQL + waitress + Celery\")"
     return f"cannot open the database {_database_label()} (DATABASE_URL): {text[:300]}{hint}"
 
 

@@ -166,12 +166,14 @@ def dev_fleet(db_url: str, data_dir: Path, log_path: Path, extra_env: dict[str, 
 @contextlib.contextmanager
 def celery_fleet(db_url: str, data_dir: Path, log_dir: Path, broker_url: str, extra_env: dict[str, str] | None = None,
                  processes: tuple[str, ...] = ("api", "worker", "beat"), port: int | None = None,
-                 process_env: dict[str, dict[str, str]] | None = None, api: str = "waitress"):
+                 process_env: dict[str, dict[str, str]] | None = None, api: str = "waitress",
+                 api_args: tuple[str, ...] = ()):
     """Run migrate, collectstatic, the API server, a Celery worker and Celery beat as README.md starts them.
 
     ``processes`` picks which of ``api``, ``worker``, ``beat`` to start, ``process_env``
     adds variables to one of them, ``api`` names the server (``"waitress"``, the README's
-    production command, or ``"gunicorn"``, its alternative); yields ``(url, secret, procs)``.
+    production command, or ``"gunicorn"``, its alternative), ``api_args`` are extra flags for it
+    (placed before the application argument); yields ``(url, secret, procs)``.
     """
     secret = uuid.uuid4().hex
     port = port or free_port()
@@ -182,7 +184,7 @@ def celery_fleet(db_url: str, data_dir: Path, log_dir: Path, broker_url: str, ex
         subprocess.run([PY, "manage.py", "collectstatic", "--noinput", "-v", "0"], cwd=ROOT, env=env, check=True)
     bin_dir = Path(PY).parent
     cmds = {
-        "api": readme_api_command(api, port),
+        "api": (lambda argv: [*argv[:-1], *api_args, argv[-1]])(readme_api_command(api, port)),
         "worker": [str(bin_dir / "celery"), "-A", "worldcell", "worker", "--pool", "threads", "--concurrency", "16",
                    "--loglevel", "INFO", "--without-gossip", "--without-mingle"],
         "beat": [str(bin_dir / "celery"), "-A", "worldcell", "beat", "--loglevel", "INFO",

@@ -1,0 +1,238 @@
+#!/usr/bin/env bash
+# End-to-end benchmark: the same Nitro app (workflow 4.6.0, a 5-step workflow) on a World picked
+# at run time. See docs/benchmarks.md.
+#
+#   contrib/bench-e2e/run.sh <world-celld-0.1.0.tgz> [--world W] [--runs 200] [--inflight 20]
+#       [--warmup 20] [--json FILE]
+#
+#   W = worldcell-pg      this checkout: PostgreSQL + gunicorn + Celery worker + beat (README)
+#       worldcell-sqlite  this checkout: manage.py devfleet on SQLite
+#       world-postgres    @workflow/world-postgres 4.3.0 (graphile worker inside the app)
+#       world-local       @workflow/world-local (files, in-process queue)
+#       reference         world-celld's in-memory reference fleet (its testing entry)
+#
+# Every World gets fresh state: a new PostgreSQL cluster (initdb, default settings, durable
+# commits) on a private port for worldcell-pg and world-postgres, a new data directory otherwise.
+# Everything listens on 127.0.0.1 only. Environment:
+#   BENCH_WORK       scratch directory (app install, clusters, logs); default /tmp/worldcell-bench-e2e
+#   BENCH_PORT_BASE  first port of a block of 40; default 18800 (app +1, fleet +10, PostgreSQL +32)
+#   BENCH_REDIS_URL  Celery broker for worldcell-pg; default: a private redis-server started on
+#                    port base + 33 (so no other Celery app shares the broker; its CPU is counted)
+#   BENCH_KEEP=1     keep the PostgreSQL cluster's data directory after the run (logs are kept)
+#   BENCH_PYTHON     Python with this checkout installed; default <checkout>/.venv/bin/python,
+#                    created with `pip install -e .` when missing
+# Output: the driver's table on stdout, its JSON in --json (default
+# <checkout>/bench-results/e2e-<world>-<utc time>.json). Exit status: the driver's (0 = all runs
+# completed, 1 = some failed, 2 = setup error).
+set -euo pipefail
+
+HERE=$(cd "$(dirname "$0")" && pwd)
+REPO=$(cd "$HERE/../.." && pwd)
+
+usage() { sed -n '2,26p' "$0" | sed 's/^# \{0,1\}//'; exit 2; }
+[[ $# -ge 1 && $1 != -* ]] || usage
+TARBALL=$(realpath "$1"); shift
+[[ -f $TARBALL ]] || { echo "no such tarball: $TARBALL" >&2; exit 2; }
+
+WORLD=worldcell-pg RUNS=200 INFLIGHT=20 WARMUP=20 JSON=""
+while [[ $# -gt 0 ]]; do
+  case $1 in
+    --world) WORLD=$2; shift 2 ;;
+    --runs) RUNS=$2; shift 2 ;;
+    --inflight) INFLIGHT=$2; shift 2 ;;
+    --warmup) WARMUP=$2; shift 2 ;;
+    --json) JSON=$2; shift 2 ;;
+    -h|--help) usage ;;
+    *) echo "unknown argument: $1" >&2; usage ;;
+  esac
+done
+case $WORLD in
+  worldcell-pg|worldcell-sqlite|world-postgres|world-local|reference) ;;
+  *) echo "unknown --world $WORLD" >&2; usage ;;
+esac
+
+WORK=${BENCH_WORK:-/tmp/worldcell-bench-e2e}
+PORT_BASE=${BENCH_PORT_BASE:-18800}
+APP_PORT=$((PORT_BASE + 1)) FLEET_PORT=$((PORT_BASE + 10)) PG_PORT=$((PORT_BASE + 32))
+REDIS_PORT=$((PORT_BASE + 33))
+REDIS_URL=${BENCH_REDIS_URL:-}
+STAMP=$(date -u +%Y%m%dT%H%M%SZ)
+RUN_DIR=$WORK/runs/$WORLD-$STAMP
+JSON=${JSON:-$REPO/bench-results/e2e-$WORLD-$STAMP.json}
+SECRET=bench-$RANDOM$RANDOM$RANDOM
+mkdir -p "$RUN_DIR" "$(dirname "$JSON")"
+log() { printf '[bench-e2e %s] %s\n' "$(date -u +%H:%M:%S)" "$*" >&2; }
+
+# --- cleanup: everything this script started, by pid ------------------------------------------
+PIDS=() PG_DATA=""
+declare -A NAMES
+cleanup() {
+  local pid
+  for pid in "${PIDS[@]}"; do kill -TERM -- "-$pid" 2>/dev/null || kill -TERM "$pid" 2>/dev/null || true; done
+  for pid in "${PIDS[@]}"; do
+    for _ in $(seq 50); do kill -0 "$pid" 2>/dev/null || break; sleep 0.1; done
+    kill -KILL -- "-$pid" 2>/dev/null || kill -KILL "$pid" 2>/dev/null || true
+  done
+  if [[ -n $PG_DATA && -f $PG_DATA/postmaster.pid ]]; then pg_as "$PG_BIN/pg_ctl" -D "$PG_DATA" -m fast -w stop >/dev/null 2>&1 || true; fi
+  if [[ -n $PG_DATA && ${BENCH_KEEP:-0} != 1 ]]; then rm -rf "$PG_DATA"; fi
+}
+trap cleanup EXIT
+trap 'exit 130' INT TERM
+# start NAME CMD... : runs CMD in its own process group, logs to $RUN_DIR/NAME.log, sets $LAST_PID
+start() {
+  local name=$1; shift
+  setsid "$@" >"$RUN_DIR/$name.log" 2>&1 &
+  LAST_PID=$!
+  PIDS+=("$LAST_PID")
+  NAMES[$LAST_PID]=$name
+}
+all_alive() {  # every process this script started is still running (else: say which, return 1)
+  local pid dead=0
+  for pid in "${PIDS[@]}"; do
+    kill -0 "$pid" 2>/dev/null || { log "${NAMES[$pid]} (pid $pid) is gone; see $RUN_DIR/${NAMES[$pid]}.log"; dead=1; }
+  done
+  return $dead
+}
+wait_http() {  # wait_http URL NAME PID: up to 120 s
+  local deadline=$((SECONDS + 120))
+  while ((SECONDS < deadline)); do
+    curl -fsS -m 2 -o /dev/null "$1" 2>/dev/null && return 0
+    kill -0 "$3" 2>/dev/null || { log "$2 exited; its log:"; tail -30 "$RUN_DIR/$2.log" >&2; exit 2; }
+    sleep 0.2
+  done
+  log "$2 did not answer at $1"; tail -30 "$RUN_DIR/$2.log" >&2; exit 2
+}
+
+# --- the app: install (npm registry + the tarball) and build, both cached in $WORK/app ---------
+APP=$WORK/app
+mkdir -p "$APP"
+install_key=$(cat "$HERE/app/package.json" "$TARBALL" | sha256sum | cut -c1-16)
+if [[ ! -f $APP/.installed-$install_key ]]; then
+  log "installing the app's npm packages into $APP"
+  rm -rf "$APP/node_modules" "$APP/package-lock.json" "$APP"/.installed-* "$APP"/.built-*
+  cp "$HERE/app/package.json" "$APP/package.json"
+  (cd "$APP" && nice -n 10 npm install --no-audit --no-fund --loglevel=error "$TARBALL" >"$RUN_DIR/npm-install.log" 2>&1) \
+    || { tail -30 "$RUN_DIR/npm-install.log" >&2; exit 2; }
+  touch "$APP/.installed-$install_key"
+fi
+cp -r "$HERE/app/nitro.config.ts" "$HERE/app/src" "$HERE/app/workflows" "$HERE/app/plugins" "$HERE/reference-fleet.mjs" "$APP/"
+build_key=$( (cd "$HERE" && find app/nitro.config.ts app/src app/workflows app/plugins -type f | sort | xargs cat; echo "$install_key") | sha256sum | cut -c1-16)
+if [[ ! -f $APP/.built-$build_key ]]; then
+  log "building the app (nitro build)"
+  rm -f "$APP"/.built-*
+  (cd "$APP" && nice -n 10 npx nitro build >"$RUN_DIR/nitro-build.log" 2>&1) || { tail -30 "$RUN_DIR/nitro-build.log" >&2; exit 2; }
+  touch "$APP/.built-$build_key"
+fi
+
+# --- a private PostgreSQL cluster (fresh per run) ----------------------------------------------
+PG_BIN=${PG_BIN:-$( (pg_config --bindir 2>/dev/null) || dirname "$(readlink -f "$(command -v initdb)")")}
+pg_as() { if [[ $(id -u) == 0 ]]; then runuser -u postgres -- "$@"; else "$@"; fi; }
+start_pg() {  # sets PG_URL_BASE, PG_PID
+  local pg=$RUN_DIR/pg
+  PG_DATA=$pg/data
+  mkdir -p "$pg"
+  if [[ $(id -u) == 0 ]]; then chown postgres "$pg"; chmod 755 "$WORK" "$WORK/runs" "$RUN_DIR"; fi
+  pg_as "$PG_BIN/initdb" -D "$PG_DATA" -U postgres --auth=trust -E UTF8 --locale=C.UTF-8 >"$RUN_DIR/initdb.log" 2>&1 \
+    || { tail -20 "$RUN_DIR/initdb.log" >&2; exit 2; }
+  pg_as "$PG_BIN/pg_ctl" -D "$PG_DATA" -w -l "$pg/postgres.log" \
+    -o "-p $PG_PORT -k $pg -c listen_addresses=127.0.0.1 -c max_connections=200 -c shared_buffers=128MB" start >/dev/null \
+    || { tail -20 "$pg/postgres.log" >&2; exit 2; }
+  PG_PID=$(head -1 "$PG_DATA/postmaster.pid")
+  PG_URL_BASE=postgres://postgres@127.0.0.1:$PG_PORT
+  log "PostgreSQL $("$PG_BIN/postgres" --version | awk '{print $3}') on 127.0.0.1:$PG_PORT (pid $PG_PID, fresh cluster)"
+}
+
+python_for_checkout() {
+  local py=${BENCH_PYTHON:-$REPO/.venv/bin/python}
+  if [[ ! -x $py ]]; then
+    log "creating $REPO/.venv (pip install -e .)"
+    python3 -m venv "$REPO/.venv" && nice -n 10 "$REPO/.venv/bin/pip" install -q -e "$REPO" >&2
+    py=$REPO/.venv/bin/python
+  fi
+  echo "$py"
+}
+
+# --- the World ------------------------------------------------------------------------------
+PROCS=()
+APP_ENV=(NODE_ENV=production PORT=$APP_PORT NITRO_PORT=$APP_PORT HOST=127.0.0.1 NITRO_HOST=127.0.0.1
+         WORKFLOW_BASE_URL=http://127.0.0.1:$APP_PORT WORKFLOW_LOCAL_BASE_URL=http://127.0.0.1:$APP_PORT)
+celld_env() { APP_ENV+=(WORKFLOW_TARGET_WORLD=@ewhauser/world-celld CELLD_FLEET_URL=http://127.0.0.1:$FLEET_PORT CELLD_WORLD_SECRET=$SECRET); }
+
+case $WORLD in
+  worldcell-pg)
+    PY=$(python_for_checkout); BIN=$(dirname "$PY")
+    start_pg
+    "$PG_BIN/createdb" -h 127.0.0.1 -p "$PG_PORT" -U postgres worldcell
+    export DATABASE_URL=$PG_URL_BASE/worldcell WORLD_SECRET=$SECRET CELERY_BROKER_URL=$REDIS_URL \
+           WORLDCELL_DATA_DIR=$RUN_DIR/data DJANGO_ALLOWED_HOSTS=127.0.0.1,localhost WORLDCELL_LOG_LEVEL=WARNING
+    mkdir -p "$RUN_DIR/data"
+    if [[ -z $REDIS_URL ]]; then
+      start redis redis-server --port "$REDIS_PORT" --bind 127.0.0.1 --save "" --appendonly no
+      PROCS+=(--proc "redis=$LAST_PID")
+      REDIS_URL=redis://127.0.0.1:$REDIS_PORT/0
+      for _ in $(seq 50); do redis-cli -p "$REDIS_PORT" ping >/dev/null 2>&1 && break; sleep 0.1; done
+    fi
+    export CELERY_BROKER_URL=$REDIS_URL
+    "$PY" -c "import redis,sys; redis.Redis.from_url(sys.argv[1]).flushdb()" "$REDIS_URL"
+    (cd "$REPO" && "$PY" manage.py migrate -v 0)
+    cd "$REPO"
+    start gunicorn "$BIN/gunicorn" worldcell.wsgi:application --bind "127.0.0.1:$FLEET_PORT" \
+      --worker-class gthread --workers 3 --threads 8 --timeout 120
+    PROCS+=(--proc "gunicorn=$LAST_PID"); GUNICORN_PID=$LAST_PID
+    start celery-worker "$BIN/celery" -A worldcell worker --pool threads --concurrency 16 \
+      --without-gossip --without-mingle --loglevel WARNING
+    PROCS+=(--proc "celery-worker=$LAST_PID")
+    start celery-beat "$BIN/celery" -A worldcell beat --schedule "$RUN_DIR/data/celerybeat-schedule" --loglevel WARNING
+    PROCS+=(--proc "celery-beat=$LAST_PID" --proc "postgres=$PG_PID" --pg-url "$PG_URL_BASE/postgres")
+    cd "$HERE"
+    wait_http "http://127.0.0.1:$FLEET_PORT/v1/health" gunicorn "$GUNICORN_PID"
+    celld_env ;;
+  worldcell-sqlite)
+    PY=$(python_for_checkout)
+    unset DATABASE_URL
+    cd "$REPO"
+    WORLD_SECRET=$SECRET WORLDCELL_DATA_DIR=$RUN_DIR/data WORLDCELL_LOG_LEVEL=WARNING \
+      start devfleet "$PY" manage.py devfleet --host 127.0.0.1 --port "$FLEET_PORT"
+    cd "$HERE"
+    PROCS+=(--proc "devfleet=$LAST_PID")
+    wait_http "http://127.0.0.1:$FLEET_PORT/v1/health" devfleet "$LAST_PID"
+    celld_env ;;
+  world-postgres)
+    start_pg
+    "$PG_BIN/createdb" -h 127.0.0.1 -p "$PG_PORT" -U postgres world
+    APP_ENV+=(WORKFLOW_TARGET_WORLD=@workflow/world-postgres WORKFLOW_POSTGRES_URL=$PG_URL_BASE/world)
+    (cd "$APP" && WORKFLOW_POSTGRES_URL=$PG_URL_BASE/world node node_modules/@workflow/world-postgres/bin/setup.js \
+      >"$RUN_DIR/bootstrap.log" 2>&1) || { tail -20 "$RUN_DIR/bootstrap.log" >&2; exit 2; }
+    PROCS+=(--proc "postgres=$PG_PID" --pg-url "$PG_URL_BASE/postgres") ;;
+  world-local)
+    APP_ENV+=(WORKFLOW_TARGET_WORLD=local WORKFLOW_LOCAL_DATA_DIR=$RUN_DIR/local-data) ;;
+  reference)
+    cd "$APP"
+    start reference node reference-fleet.mjs --port "$FLEET_PORT" --secret "$SECRET"
+    cd "$HERE"
+    PROCS+=(--proc "reference=$LAST_PID")
+    wait_http "http://127.0.0.1:$FLEET_PORT/v1/health" reference "$LAST_PID"
+    celld_env ;;
+esac
+
+cd "$APP"
+start app env "${APP_ENV[@]}" node .output/server/index.mjs
+APP_PID=$LAST_PID
+cd "$HERE"
+wait_http "http://127.0.0.1:$APP_PORT/bench/health" app "$APP_PID"
+sleep 1
+all_alive || exit 2
+log "$WORLD ready; uptime: $(uptime)"
+
+set +e
+python3 "$HERE/driver.py" --app "http://127.0.0.1:$APP_PORT" --runs "$RUNS" --inflight "$INFLIGHT" \
+  --warmup "$WARMUP" --label "$WORLD" --proc "app=$APP_PID" "${PROCS[@]}" --json "$JSON" &
+DRIVER_PID=$!
+PIDS+=("$DRIVER_PID"); NAMES[$DRIVER_PID]=driver
+wait "$DRIVER_PID"
+rc=$?
+unset 'PIDS[-1]'
+set -e
+all_alive || { log "a fleet or app process died during the run: the figures are not valid"; rc=1; }
+log "result JSON: $JSON; logs: $RUN_DIR"
+exit $rc
