@@ -42,7 +42,7 @@ class RunTombstoneAdmin(OperatorModelAdmin):
         term = search_term.strip()
         return (queryset.filter(run_id=term) if term else queryset), False
 
-    @admin.display(description="")
+    @admin.display(description="state")
     def expired_note(self, obj: RunTombstone) -> str:
         return format_html('<span class="wc-badge wc-st-cancelled">expired run</span> its data was deleted by '
                            "retention; the fleet answers RunExpiredError (410) for it")
