@@ -27,6 +27,7 @@ __all__ = [
     "js_parse_int",
     "max_attempts",
     "max_inflight",
+    "positive_int_setting",
 ]
 
 DEFAULT_MAX_ATTEMPTS = 5
@@ -70,6 +71,10 @@ def _positive_int_setting(name: str, default: int) -> int:
     if parsed is None or parsed <= 0:
         return default
     return min(parsed, _MAX_SETTING)
+
+
+#: The public name of the parser above, for settings of other modules (``lease.claim_lease_ms``).
+positive_int_setting = _positive_int_setting
 
 
 def max_attempts() -> int:

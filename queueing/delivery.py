@@ -28,7 +28,7 @@ from typing import Callable
 
 from worldcell import metrics
 
-from . import config, httpclient, machine
+from . import config, httpclient, lease, machine
 from .machine import Claim, DeliveryRow
 
 log = logging.getLogger("queueing.delivery")
@@ -195,7 +195,10 @@ def post_message(row: DeliveryRow, *, timeout_ms: int | None = None, callback_se
 
 
 def deliver_claim(
-    claim: Claim, *, claim_next: bool | int | Callable[[], bool | int] = False
+    claim: Claim,
+    *,
+    claim_next: bool | int | Callable[[], bool | int] = False,
+    leases: "lease.LeaseRenewer | None" = None,
 ) -> DeliveryReport | None:
     """Deliver one claimed message and apply the outcome; None if the claim was not ours to deliver.
 
@@ -207,24 +210,33 @@ def deliver_claim(
     process. Otherwise (False, 0) the cell's driver is woken on commit.
     Database errors while applying the outcome propagate (the claim then
     stays in flight and is recovered after its deadline, §7.7).
+    With ``leases`` (the driver's ``lease.LeaseRenewer``) the claim's lease is
+    renewed from the start of the POST until its outcome was applied
+    (docs/leases.md); without, it lapses after one lease.
     """
     row = claim.started if claim.started is not None else machine.start_delivery(claim)
     if row is None:
         log.info("queue cell %s: claim of %s is no longer current; not delivering", claim.cell_name, claim.message_id)
         return None
-    started = time.monotonic()
-    outcome = post_message(row)
-    elapsed_ms = (time.monotonic() - started) * 1000
-    want_next = claim_next() if callable(claim_next) else claim_next
-    result = machine.apply_outcome(
-        claim,
-        row,
-        outcome.kind,
-        status=outcome.status,
-        reason=outcome.reason,
-        timeout_seconds=outcome.timeout_seconds,
-        claim_next=want_next,
-    )
+    if leases is not None:
+        leases.hold(claim)
+    try:
+        started = time.monotonic()
+        outcome = post_message(row)
+        elapsed_ms = (time.monotonic() - started) * 1000
+        want_next = claim_next() if callable(claim_next) else claim_next
+        result = machine.apply_outcome(
+            claim,
+            row,
+            outcome.kind,
+            status=outcome.status,
+            reason=outcome.reason,
+            timeout_seconds=outcome.timeout_seconds,
+            claim_next=want_next,
+        )
+    finally:
+        if leases is not None:
+            leases.release(claim)
     next_claims: list[Claim] = []
     if want_next:
         result, next_claims = result
@@ -239,7 +251,9 @@ def deliver_claim(
 
 
 def deliver_and_claim_next(
-    claim: Claim, should_claim: Callable[[], bool | int] | None = None
+    claim: Claim,
+    should_claim: Callable[[], bool | int] | None = None,
+    leases: "lease.LeaseRenewer | None" = None,
 ) -> tuple[DeliveryReport | None, list[Claim]]:
     """Deliver ``claim``; its outcome transaction also refills the freed in-flight slot (§7.4, §12 A14).
 
@@ -250,7 +264,7 @@ def deliver_and_claim_next(
     and returning an integer caps the claims (the pump's idle threads).
     Returns the report and the new claims (committed) for the caller to
     deliver; the first one is already started (``Claim.started``): deliver it
-    in this process, never through the broker.
+    in this process, never through the broker. ``leases`` as for ``deliver_claim``.
     """
-    report = deliver_claim(claim, claim_next=should_claim if should_claim is not None else True)
+    report = deliver_claim(claim, claim_next=should_claim if should_claim is not None else True, leases=leases)
     return report, list(report.next_claims) if report is not None else []

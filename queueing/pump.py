@@ -12,6 +12,7 @@ Interface::
     pump.wake("q:0")      # run a tick now (called on commit by wake.wake_cell)
     pump.wake("q:0", at_ms=t)  # run a tick at epoch ms t (a near future alarm)
     pump.stop(timeout_s)  # -> deliveries still unfinished (they are redelivered after their deadline)
+    pump.leases           # the lease.LeaseRenewer of the claims its threads deliver (docs/leases.md)
 
 **Never more claims than idle threads.** A claim's deadline runs from the
 moment it is made, so a claim that waits in a queue for a delivery thread
@@ -68,7 +69,7 @@ from django.db import DatabaseError, close_old_connections, connections
 
 from worldcell import clock
 
-from . import config, delivery, machine, wake
+from . import config, delivery, lease, machine, wake
 from .machine import Claim
 
 log = logging.getLogger("queueing.pump")
@@ -114,6 +115,8 @@ class LocalPump:
         self._loop: threading.Thread | None = None
         self._workers: list[threading.Thread] = []
         self.delivered = 0  # finished deliveries (any outcome), for observers
+        #: renews the leases of the claims this pump's threads deliver (docs/leases.md)
+        self.leases = lease.LeaseRenewer()
 
     # ------------------------------------------------------------------ control
 
@@ -128,6 +131,7 @@ class LocalPump:
             self._workers.append(t)
         self._loop = threading.Thread(target=self._run, name="queue-pump", daemon=True)
         self._loop.start()
+        self.leases.start()
         if self.register:
             wake.register_pump(self)
         return self
@@ -179,6 +183,7 @@ class LocalPump:
             self._jobs.put(None)
         for t in self._workers:
             t.join(max(0.0, deadline - time.monotonic()))
+        self.leases.stop()  # deliveries left unfinished lapse within one lease
         self._workers = []
         self._loop = None
         return left
@@ -331,7 +336,9 @@ class LocalPump:
 
                 try:
                     self._check_connection()
-                    report, more = delivery.deliver_and_claim_next(claim, should_claim=claim_budget)
+                    report, more = delivery.deliver_and_claim_next(
+                        claim, should_claim=claim_budget, leases=self.leases
+                    )
                     if report is not None and self.log_deliveries and log.isEnabledFor(logging.INFO):
                         log.info("%s", report.log_line())
                 except Exception as exc:  # noqa: BLE001 - the claim is recovered after its deadline

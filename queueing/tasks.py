@@ -6,9 +6,10 @@ delivery until the next beat tick, a duplicated one finds nothing to do.
 
 * ``fire_due_alarms`` — beat, every second: fire every cell whose alarm is
   due (``SKIP LOCKED`` on the cell rows; two beats do no harm).
-* ``wake_cell(name)`` — sent on commit after an enqueue into a cell with a
-  free in-flight slot, a redrive, a rearm, or as a short ``countdown`` for
-  work due within a minute.
+* ``wake_cell(name, at_ms=None)`` — sent on commit after an enqueue into a
+  cell with a free in-flight slot, a redrive, a rearm, or — with ``at_ms`` —
+  for work due within a minute; always run at once (never a ``countdown``:
+  the pump keeps the timed tick, so the worker holds no unacked ETA task).
 * ``deliver_message(...)`` — POST one claimed message and keep its slot busy
   (kept for claims dispatched as tasks, e.g. by an older release).
 
@@ -21,8 +22,17 @@ thread keeps its database connection (Celery closes a task thread's
 connection after every task, and reconnecting costs more than a delivery),
 and the broker carries one small message per wake-up only. Wake-ups that
 the worker's own transitions need (a retry's backoff, a freed slot) go to
-its pump directly (``wake.wake_cell``). A claim the pump holds when the
-worker dies is recovered after its deadline, like any lost claim.
+its pump directly (``wake.wake_cell``). The pump renews the leases of the
+claims it delivers (docs/leases.md); a claim it holds when the worker dies is
+recovered once its lease lapses (``QUEUE_CLAIM_LEASE_MS``, 10 s), like any
+lost claim.
+
+**Broker outages.** The pump ticks on its own every ``QUEUE_WORKER_TICK_MS``
+(default 1000) and needs only the database, so a worker keeps
+delivering — and delivers what API processes enqueue meanwhile within about a
+second — while the broker is down; Celery reconnects forever
+(``CELERY_BROKER_CONNECTION_MAX_RETRIES = None``) and the worker holds no
+unacked ETA tasks that a reconnect could lose (docs/operations-faults.md).
 
 ``QUEUE_WORKER_DELIVERY_THREADS`` (default 16) sizes the pump: size it for
 shards × ``QUEUE_MAX_INFLIGHT``; the pump never claims more than it has idle
@@ -42,15 +52,18 @@ from celery.signals import worker_ready, worker_shutting_down
 from django.conf import settings
 from django.db import close_old_connections
 
-from . import delivery, wake
+from . import config, delivery, wake
 from .machine import Claim
+from .outbox import outbox
 from .pump import LocalPump
 
 log = logging.getLogger("queueing.tasks")
 
-__all__ = ["deliver_message", "fire_due_alarms", "send_deliveries", "send_wake", "wake_cell", "worker_pump"]
+__all__ = [
+    "deliver_message", "fire_due_alarms", "publish_wake", "send_deliveries", "send_wake", "wake_cell", "worker_pump",
+]
 
-#: Seconds between the worker pump's own ticks (wake-ups and beat poke it in between).
+#: Default seconds between the worker pump's own ticks (``QUEUE_WORKER_TICK_MS``).
 WORKER_PUMP_INTERVAL_S = 1.0
 #: On a warm shutdown, how long the pump may finish deliveries in progress.
 WORKER_PUMP_DRAIN_S = 10.0
@@ -67,7 +80,8 @@ def worker_pump() -> LocalPump:
         with _pump_lock:
             if _pump is None or _pump_pid != os.getpid():
                 threads = int(getattr(settings, "QUEUE_WORKER_DELIVERY_THREADS", 16) or 16)
-                _pump = LocalPump(interval_s=WORKER_PUMP_INTERVAL_S, max_workers=threads, log_deliveries=True)
+                interval_s = config.positive_int_setting("QUEUE_WORKER_TICK_MS", int(WORKER_PUMP_INTERVAL_S * 1000)) / 1000
+                _pump = LocalPump(interval_s=interval_s, max_workers=threads, log_deliveries=True)
                 _pump.start()
                 _pump_pid = os.getpid()
     return _pump
@@ -111,16 +125,34 @@ def fire_due_alarms() -> int:
 
 
 @shared_task(name="queueing.tasks.wake_cell", ignore_result=True)
-def wake_cell(cell_name: str) -> int:
-    """Have this worker's pump run cell ``cell_name``'s alarm handler now (if its alarm is due)."""
+def wake_cell(cell_name: str, at_ms: int | None = None) -> int:
+    """Have this worker's pump run cell ``cell_name``'s alarm handler now, or at epoch ms ``at_ms``.
+
+    Sent for immediate execution even when ``at_ms`` is in the future: the
+    pump keeps the timed tick, so the worker never holds an unacked ETA task
+    (``queueing.wake``). A tick at ``at_ms`` lost with this worker costs at
+    most one beat second.
+    """
     wake.forget_scheduled(cell_name)
-    worker_pump().wake(cell_name)
+    worker_pump().wake(cell_name, None if at_ms is None else int(at_ms))
     return 0
 
 
-def send_wake(cell_name: str, options: dict) -> None:
-    """Queue one ``wake_cell`` task (``apply_async`` options: ``countdown``, ``expires``); registered with ``wake``."""
-    wake_cell.apply_async((cell_name,), **options)
+#: An immediate wake-up task older than this is useless (beat has run since).
+WAKE_EXPIRES_S = 30.0
+
+
+def publish_wake(cell_name: str, at_ms: int | None) -> None:
+    """Send one ``wake_cell(cell_name, at_ms)`` task for immediate execution, never retried (raises if the broker is down)."""
+    wake_cell.apply_async((cell_name, at_ms), expires=WAKE_EXPIRES_S, retry=False)
+
+
+def send_wake(cell_name: str, at_ms: int | None) -> None:
+    """Queue a wake-up for this process's sender thread (``queueing.outbox``); never blocks, never raises.
+
+    Registered with ``queueing.wake`` at app start (``QueueingConfig.ready``).
+    """
+    outbox(publish_wake).put(cell_name, at_ms)
 
 
 #: Deliveries one ``deliver_message`` task makes in a row while it keeps refilling its own slot.
@@ -145,7 +177,9 @@ def deliver_message(cell_name: str, cell_id: int, message_pk: int, message_id: s
         while claim is not None:
             last = made + 1 >= MAX_DELIVERIES_PER_TASK
             try:
-                report, more = delivery.deliver_and_claim_next(claim, should_claim=lambda: not last)
+                report, more = delivery.deliver_and_claim_next(
+                    claim, should_claim=lambda: not last, leases=worker_pump().leases
+                )
             except Exception:  # noqa: BLE001 - the claim stays in flight and is recovered after its deadline
                 log.exception("queue cell %s: delivery of %s failed", claim.cell_name, claim.message_id)
                 return made

@@ -9,11 +9,22 @@ second) or the pump's tick (every 25 ms) fires every due alarm anyway.
 * ``after_transition`` / ``after_fire`` — what the state machine registers with
   ``transaction.on_commit`` after a transition: an immediate wake when work is
   due now (enqueue, redrive, rearm, any transaction that held the cell's
-  lock while work was due), a Celery ``countdown`` wake for work due within
+  lock while work was due), a timed wake for work due within
   ``COUNTDOWN_WAKE_MAX_MS`` (retry backoffs, short delays), nothing for later
-  work (beat covers it; the due time lives in the database, never in a long
-  Celery ETA). A delivery refills its own freed in-flight slot in its outcome
-  transaction, so a busy cell needs no wake-ups at all.
+  work (beat covers it; the due time lives in the database). A delivery
+  refills its own freed in-flight slot in its outcome transaction, so a busy
+  cell needs no wake-ups at all.
+
+**No ETA tasks.** A timed wake sent through Celery is an *immediate*
+``wake_cell(name, at_ms)`` task: the worker that runs it asks its pump for a
+tick at ``at_ms`` and acks it at once. A Celery ``countdown`` would instead sit
+unacknowledged in the worker until it is due — tasks that Redis hands out
+again after its visibility timeout, that a broker restart loses, and that made
+Celery 5.7.0 workers exit on broker loss (docs/operations-faults.md). A lost
+timed wake costs at most one beat second. Sends go through
+``queueing.outbox`` (one sender thread, never retried): with the broker down
+an enqueue answers at once and the worker's own pump (and beat, once the
+broker is back) fires the cell.
 * ``register_pump`` / ``current_pump`` — the process's ``LocalPump``, if any.
 * ``register_broker(send)`` — the Celery driver's sender of wake-up tasks,
   registered at app start (``QueueingConfig.ready``), so that the queue never
@@ -24,7 +35,7 @@ from __future__ import annotations
 
 import logging
 import threading
-from typing import Any, Callable, Protocol
+from typing import Callable, Protocol
 
 from django.conf import settings
 
@@ -46,24 +57,23 @@ __all__ = [
     "wake_cell",
 ]
 
-#: Work due within this many ms gets a Celery countdown wake-up (well under
-#: any broker visibility timeout); later work is left to beat.
+#: Work due within this many ms gets a timed wake-up (``wake_cell(name, at_ms)``);
+#: later work is left to beat and the pumps' interval ticks.
 COUNTDOWN_WAKE_MAX_MS = 60_000
-#: An immediate wake-up task older than this is useless (beat has run since).
-_WAKE_EXPIRES_S = 30.0
 
 
 class Pump(Protocol):
     def wake(self, cell_name: str | None = None, at_ms: int | None = None) -> None: ...
 
 
-#: ``send(cell_name, apply_async_options)``: queue one ``queueing.tasks.wake_cell`` task.
-BrokerSend = Callable[[str, dict[str, Any]], None]
+#: ``send(cell_name, at_ms)``: have a Celery worker's pump run the cell now (``at_ms`` None) or at
+#: ``at_ms`` — an immediate ``queueing.tasks.wake_cell`` task, handed to ``queueing.outbox``.
+BrokerSend = Callable[[str, "int | None"], None]
 
 _pump: Pump | None = None
 _broker_send: BrokerSend | None = None
 _pump_lock = threading.Lock()
-# cell name -> epoch ms of the countdown wake this process already sent
+# cell name -> epoch ms of the timed wake this process already sent
 _scheduled: dict[str, int] = {}
 _scheduled_lock = threading.Lock()
 
@@ -100,10 +110,10 @@ def wake_cell(name: str, at_ms: int | None = None, now: int | None = None) -> No
     A process that runs a pump (the dev fleet, or a Celery worker, whose
     ``wake_cell`` tasks drive its pump) pokes it directly — now, or at
     ``at_ms`` — without a round trip through the broker. Elsewhere, with
-    Celery: sends ``queueing.tasks.wake_cell`` (with a ``countdown`` for a
-    future ``at_ms``; a countdown this process already sent for an earlier or
-    equal time is not repeated, because that wake re-schedules the next one).
-    Never raises: a failed send is logged with the cell name.
+    Celery: sends ``queueing.tasks.wake_cell(name, at_ms)`` for immediate
+    execution (no countdown; a timed wake this process already sent for an
+    earlier or equal time is not repeated, because that wake re-schedules the
+    next one). Never raises: a failed send is logged with the cell name.
     """
     now = clock.now_ms() if now is None else now
     delay_ms = 0 if at_ms is None else max(0, at_ms - now)
@@ -121,7 +131,7 @@ def _send_celery_wake(name: str, delay_ms: int, now: int) -> None:
     send = _broker_send
     if send is None:
         raise RuntimeError("WORLDCELL_USE_CELERY is on but no Celery driver registered (queueing.apps)")
-    options: dict[str, Any] = {}
+    at: int | None = None
     if delay_ms > config.MIN_ALARM_DELAY_MS:
         at = now + delay_ms
         with _scheduled_lock:
@@ -132,9 +142,8 @@ def _send_celery_wake(name: str, delay_ms: int, now: int) -> None:
             if len(_scheduled) > 10_000:
                 for key in [k for k, v in _scheduled.items() if v <= now]:
                     del _scheduled[key]
-        options["countdown"] = delay_ms / 1000.0 + 0.002
-    options["expires"] = options.get("countdown", 0.0) + _WAKE_EXPIRES_S
-    send(name, options)
+    # run at once (no countdown: the worker holds no unacked ETA task), sent off the request path
+    send(name, at)
 
 
 def forget_scheduled(name: str) -> None:
@@ -147,7 +156,7 @@ def after_transition(name: str, alarm_at: int | None, now: int) -> None:
     """On commit of a transition: wake the cell if its alarm says work is due soon.
 
     ``alarm_at ≤ now + 1`` (work due now) -> immediate wake; within
-    ``COUNTDOWN_WAKE_MAX_MS`` -> a countdown wake (Celery only); else nothing.
+    ``COUNTDOWN_WAKE_MAX_MS`` -> a timed wake; else nothing.
     """
     if alarm_at is None:
         return
@@ -159,7 +168,7 @@ def after_transition(name: str, alarm_at: int | None, now: int) -> None:
 
 
 def after_fire(name: str, alarm_at: int | None, now: int) -> None:
-    """On commit of a claim phase: keep a countdown wake for the next future alarm.
+    """On commit of a claim phase: keep a timed wake for the next future alarm.
 
     No immediate wake here: an alarm at ``now + 1`` after a claim means every
     in-flight slot is busy (§7.4), and the outcome that frees a slot wakes the

@@ -26,6 +26,12 @@ WORKFLOW_CALLBACK_SECRET = env.str("WORKFLOW_CALLBACK_SECRET", default="")
 QUEUE_MAX_ATTEMPTS = env.str("QUEUE_MAX_ATTEMPTS", default="5")
 QUEUE_MAX_INFLIGHT = env.str("QUEUE_MAX_INFLIGHT", default="5")
 QUEUE_DELIVERY_TIMEOUT_MS = env.str("QUEUE_DELIVERY_TIMEOUT_MS", default="300000")
+# A claim's lease: the delivering process renews it while the POST runs, so a
+# dead worker's messages are due again within this many ms (docs/leases.md).
+QUEUE_CLAIM_LEASE_MS = env.str("QUEUE_CLAIM_LEASE_MS", default="10000")
+# A Celery worker's pump fires every due cell this often on its own, broker or
+# not (wake-ups and beat poke it in between); queueing.tasks.
+QUEUE_WORKER_TICK_MS = env.str("QUEUE_WORKER_TICK_MS", default="1000")
 
 # --- Applications ---------------------------------------------------------
 INSTALLED_APPS = [
@@ -114,6 +120,10 @@ CELERY_TASK_IGNORE_RESULT = True
 CELERY_RESULT_BACKEND = None
 CELERY_WORKER_PREFETCH_MULTIPLIER = 4
 CELERY_BROKER_CONNECTION_RETRY_ON_STARTUP = True
+# Ride out a broker outage of any length (the default gives up after 100
+# attempts); deliveries go on meanwhile (docs/operations-faults.md).
+CELERY_BROKER_CONNECTION_RETRY = True
+CELERY_BROKER_CONNECTION_MAX_RETRIES = None
 CELERY_TIMEZONE = "UTC"
 CELERY_BEAT_SCHEDULE = {
     "fire-due-alarms": {

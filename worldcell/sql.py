@@ -78,6 +78,7 @@ __all__ = [
     "is_missing_prepared_statement",
     "query",
     "rollback_open_transaction",
+    "run_script",
     "rowcount",
     "rows",
     "table",
@@ -276,6 +277,28 @@ def rowcount(db: Any, sql: str, params: Sequence[Any]) -> int:
     with db.cursor() as cur:
         cur.execute(sql, params)
         return cur.rowcount
+
+
+def run_script(db: Any, script: str, params: Sequence[Any]) -> list[list[tuple]]:
+    """Run a ``BEGIN; …; COMMIT`` string in one round trip (not prepared); the rows of each statement that returns rows.
+
+    On any error the server's transaction is rolled back (nothing of it is
+    committed, ``rollback_open_transaction``) and the error propagates.
+    """
+    db.ensure_connection()
+    try:
+        with db.cursor() as cur:
+            cur.execute(script, params)
+            results = []
+            while True:
+                if cur.description is not None:
+                    results.append(cur.fetchall())
+                if not cur.nextset():
+                    break
+            return results
+    except BaseException:
+        rollback_open_transaction(db)
+        raise
 
 
 def rollback_open_transaction(db: Any) -> None:

@@ -14,7 +14,7 @@ from django.db import transaction
 
 from worldcell import clock, codec
 
-from .. import config, wake
+from .. import config, lease, wake
 from ..models import QueueCell
 from . import db, sql
 from .lock import _lock_cell, _set_alarm, _wake_after_commit, next_alarm
@@ -36,7 +36,8 @@ def claim_due_messages(
     1. claims whose deadline is ``≤ now`` are lost: their messages become due at ``now``;
     2. if fewer than ``QUEUE_MAX_INFLIGHT`` remain in flight, the earliest due
        messages (``due_at ≤ now``, by due time then message id) are claimed up
-       to the free slots: deadline ``now + QUEUE_DELIVERY_TIMEOUT_MS + 30 000``,
+       to the free slots: a claim lease, deadline ``lease.first_deadline(now)``
+       (docs/leases.md; §7.4 itself says ``now + QUEUE_DELIVERY_TIMEOUT_MS + 30 000``),
        a fresh claim token — never more than ``limit`` when given (a driver
        with that many idle delivery threads; what is left stays due);
     3. ``scheduleNextAlarm(now)`` — computed from what steps 1–2 read: the
@@ -63,7 +64,7 @@ def claim_due_messages(
     claims: list[Claim] = []
     if take:
         token = uuid.uuid4().hex
-        deadline = clamp_ms(now + config.delivery_timeout_ms() + config.INFLIGHT_GRACE_MS)
+        deadline = lease.first_deadline(now)  # a claim lease (docs/leases.md)
         claim_set = [deadline, token, now, now, now]  # sql.claim_set's parameters
         begun, rest = take[:start], take[start:]
         if begun:
@@ -220,15 +221,15 @@ def start_delivery(claim: Claim, now: int | None = None) -> DeliveryRow | None:
     already recovered. Records ``last_attempt_at`` and counts the POST in
     ``deliveries``.
 
-    The claim's deadline restarts here: ``now + QUEUE_DELIVERY_TIMEOUT_MS +
-    30 000``. Time a claim spends waiting for a delivery thread (a busy
-    Celery pool, the broker) therefore never eats into the time its POST may
-    take, so a slow but timely answer is not raced by a redelivery. The
+    The claim's lease restarts here (``lease.first_deadline(now)``; the
+    delivering process renews it while the POST runs, docs/leases.md). Time
+    a claim spends waiting for a delivery thread (a busy Celery pool, the
+    broker) therefore never eats into the time its POST may take. The
     cell's alarm may still name the claim-time deadline; firing then finds
     nothing lost and moves the alarm to the new one.
     """
     now = clock.now_ms() if now is None else now
-    deadline = clamp_ms(now + config.delivery_timeout_ms() + config.INFLIGHT_GRACE_MS)
+    deadline = lease.first_deadline(now)  # a claim lease (docs/leases.md)
     rows = db.rows(sql.START, [now, now, now, deadline, claim.message_pk, claim.token, now])
     return _delivery_row(rows[0]) if rows else None
 

@@ -1,13 +1,11 @@
-"""How the queue state machine runs its SQL: the one module that touches a cursor.
+"""How the queue state machine runs its SQL: through the project's one executor, ``worldcell.sql``.
 
-Statements go through Django's own cursor, so transactions, on-commit hooks
-and ``connection.execute_wrapper`` (the fault-injection tests) see every one
-of them with its text; writes and the clean-up after a failed one-trip
-script use the project executor ``worldcell.sql`` (``rowcount``,
-``rollback_open_transaction``). Its ``execute`` sends prepared ``EXECUTE``
-statements instead of the text; moving the queue's reads and scripts onto it
-is a change of this module alone (docs/decisions.md "Queue rules written
-once").
+Every statement goes through its plain-cursor calls (``rows``, ``rowcount``,
+``run_script``), so transactions, on-commit hooks and
+``connection.execute_wrapper`` (the fault-injection tests) see each one with
+its text. The executor's prepared ``execute`` is not used here: the
+crash-injection tests match on statement text (docs/decisions.md "Queue
+rules written once").
 """
 from __future__ import annotations
 
@@ -24,9 +22,7 @@ __all__ = ["commit_without_flush", "lock_clause", "one_trip_enabled", "rowcount"
 
 def rows(statement: str, params: Sequence[Any]) -> list[tuple]:
     """Run one fixed statement on the default connection; its rows (empty for none)."""
-    with connection.cursor() as cursor:
-        cursor.execute(statement, params)
-        return cursor.fetchall() if cursor.description is not None else []
+    return executor.rows(executor.database(), statement, params)
 
 
 def rowcount(statement: str, params: Sequence[Any]) -> int:
@@ -49,8 +45,7 @@ def one_trip_enabled() -> bool:
 def commit_without_flush() -> None:
     """Let the current transaction commit without waiting for its WAL flush (PostgreSQL; see ``apply_outcomes``)."""
     if connection.vendor == "postgresql":
-        with connection.cursor() as cursor:
-            cursor.execute(sql.NO_FLUSH)
+        executor.rows(executor.database(), sql.NO_FLUSH, ())
 
 
 def run_script(script: str, params: Sequence[Any]) -> list[list[tuple]]:
@@ -59,17 +54,4 @@ def run_script(script: str, params: Sequence[Any]) -> list[list[tuple]]:
     On any error the server's transaction is rolled back (nothing of it is
     committed) and the error propagates.
     """
-    connection.ensure_connection()
-    try:
-        with connection.cursor() as cursor:
-            cursor.execute(script, params)
-            results = []
-            while True:
-                if cursor.description is not None:
-                    results.append(cursor.fetchall())
-                if not cursor.nextset():
-                    break
-            return results
-    except BaseException:
-        executor.rollback_open_transaction(executor.database())
-        raise
+    return executor.run_script(executor.database(), script, params)

@@ -17,7 +17,7 @@ from django.db import transaction
 
 from worldcell import clock
 
-from .. import config, wake
+from .. import config, lease, wake
 from ..combining import Combiner
 from ..models import Message, QueueCell
 from . import claim as claiming
@@ -252,7 +252,7 @@ def _outcomes_in_one_trip(cell_id: int, requests: list[OutcomeRequest]) -> list[
     """
     now = clock.now_ms()
     token = uuid.uuid4().hex
-    deadline = clamp_ms(now + config.delivery_timeout_ms() + config.INFLIGHT_GRACE_MS)
+    deadline = lease.first_deadline(now)  # a claim lease (docs/leases.md)
     caps = [None if r.claim_next is True else int(r.claim_next) for r in requests]
     max_inflight = config.max_inflight()
     acks = [r for r in requests if r.kind in ("ack", "drop")]

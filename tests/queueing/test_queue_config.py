@@ -53,6 +53,7 @@ def test_it_reads_the_settings_at_use_time(settings, vclock):
         tick(vclock, 2_000)
         assert DeadLetter.objects.get().attempt == 2
         settings.QUEUE_MAX_INFLIGHT = "2"
+        settings.QUEUE_CLAIM_LEASE_MS = "330000"  # longer than the cap: the deadline is timeout + 30 s (§7.4)
         settings.QUEUE_DELIVERY_TIMEOUT_MS = "1000"
         for i in range(3):
             QueueCell("q:0").enqueue(enqueue_request(messageId=f"n{i}", target=sink.url))

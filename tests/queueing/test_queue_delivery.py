@@ -475,7 +475,8 @@ def test_it_does_not_fire_an_alarm_before_its_time(queue, sink, vclock):
     assert len(machine.fire_due_alarms(vclock.now + 1_000)) == 1
 
 
-def test_it_arms_the_alarm_for_an_in_flight_deadline(queue, sink, vclock):
+def test_it_arms_the_alarm_for_an_in_flight_deadline(queue, sink, vclock, settings):
+    settings.QUEUE_CLAIM_LEASE_MS = "330000"  # the protocol's deadline, timeout + 30 s (§7.4; docs/leases.md)
     queue.enqueue(messageId="m")
     vclock.advance(1)
     claims = machine.fire_due_alarms()

@@ -27,6 +27,13 @@ Q = "q:0"
 DEADLINE_MS = 300_000 + 30_000
 
 
+@pytest.fixture(autouse=True)
+def claim_deadline_of_the_protocol(settings):
+    """These tests pin the protocol's claim deadline, timeout + 30 000 ms (docs/protocol.md §7.4):
+    a claim lease at least that long gives exactly that deadline (docs/leases.md)."""
+    settings.QUEUE_CLAIM_LEASE_MS = str(DEADLINE_MS)
+
+
 @pytest.fixture(params=["one_trip", "python"])
 def path(request, monkeypatch):
     if request.param == "python":
