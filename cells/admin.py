@@ -177,8 +177,11 @@ class RunAdmin(OperatorModelAdmin):
     # ------------------------------------------------------------------ queries
 
     def get_queryset(self, request):
-        """Runs with their cell (the run id) joined; payload columns are never loaded here."""
-        return super().get_queryset(request).select_related("cell").defer(*RUN_PAYLOADS)
+        """Runs with their cell (the run id) joined; payload columns are never loaded here.
+
+        Expired runs (being cleaned up) are left out: their tombstones have their own list.
+        """
+        return super().get_queryset(request).select_related("cell").defer(*RUN_PAYLOADS).filter(cell__expired=False)
 
     def get_object(self, request, object_id, from_field=None):
         """The run with previews of its payloads (head, size, tail) instead of the payloads."""
@@ -297,6 +300,8 @@ class RunAdmin(OperatorModelAdmin):
             context["title"] = f"Run {obj.cell.name}"
             context["subtitle"] = None
             context["can_cancel"] = self.has_cancel_permission(request) and obj.status not in TERMINAL_RUN_STATUSES
+            # a run with a live hook is parked, never stuck (docs/lifecycle.md §7): no query then
+            context["stuck_note"] = None if context.get("hook_rows") else admin_lifecycle.stuck_note(obj)
         return super().render_change_form(request, context, add, change, form_url, obj)
 
     def _run_sections(self, request, run: Run) -> dict[str, Any]:
@@ -487,7 +492,10 @@ class RunAdmin(OperatorModelAdmin):
         return get_object_or_404(self.get_queryset(request), pk=object_id)
 
     def by_id_view(self, request, run_id: str):
-        """``/admin/cells/run/by-id/<runId>/`` -> the run page (for links from other pages)."""
+        """``/admin/cells/run/by-id/<runId>/`` -> the run page (for links from other pages), or its tombstone."""
+        tomb = admin_lifecycle.tombstone_url(run_id) if self.has_view_permission(request) else None
+        if tomb is not None:
+            return HttpResponseRedirect(tomb)
         run = self._run_or_404_by_name(request, run_id)
         return HttpResponseRedirect(reverse("admin:cells_run_change", args=[run.pk]))
 
@@ -689,3 +697,5 @@ class RunAdmin(OperatorModelAdmin):
 
 
 admin.site.register(Run, RunAdmin)
+
+from . import admin_lifecycle  # noqa: E402 - registers the tombstone pages (docs/lifecycle.md §8)

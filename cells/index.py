@@ -27,6 +27,7 @@ from worldcell import clock, codec
 from worldcell.errors import CellError, ValidationError
 from worldcell.keys import require_storable
 
+from . import fence
 from .models import IndexEntry, lock_hook_token
 
 __all__ = ["IndexCell", "prefix_upper_bound"]
@@ -161,6 +162,10 @@ class IndexCell:
         items = [(key, codec.encode(value))]
         token = _token_of(key)
         if token is None:
+            run_id = fence.run_of_index_key(key)
+            if run_id is not None:  # never list an expired run again (docs/lifecycle.md)
+                fence.put_index_unless_expired(self.name, key, items[0][1], run_id)
+                return
             IndexEntry.objects.put_values(self.name, items)
             return
         with transaction.atomic():
@@ -288,6 +293,7 @@ class IndexCell:
         owner = _owner_arg(owner)
         hook_key, claim_key = f"hook:{token}", f"hookclaim:{token}"
         text = codec.encode(serialized_hook)
+        fence.raise_if_expired(owner["runId"])  # no hook index for an expired run (docs/lifecycle.md)
         with transaction.atomic():
             lock_hook_token(self.name, token)
             found = IndexEntry.objects.values_of(self.name, [hook_key, claim_key])

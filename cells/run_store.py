@@ -153,7 +153,8 @@ _MARKER = sql.table(HookMarker)
 _EVENT = sql.table(Event)
 
 #: The id of the cell named by the next parameter.
-_CELL_ID = f'(SELECT "id" FROM "{_CELL}" WHERE "name" = %s)'
+#: (None for an expired run: its data may be half deleted, docs/lifecycle.md §2)
+_CELL_ID = f'(SELECT "id" FROM "{_CELL}" WHERE "name" = %s AND NOT "expired")'
 #: Create-if-missing without burning an identity value when the row exists.
 _CREATE_CELL = (
     f'INSERT INTO "{_CELL}" ("name", "event_sequence", "schema_version") '
@@ -180,7 +181,7 @@ _INSERT_EVENT = (
 )
 _GET_RUN = (
     f'SELECT {RUNS.select("r")} FROM "{_RUN}" r JOIN "{_CELL}" c ON c."id" = r."cell_id" '
-    'WHERE c."name" = %s'
+    'WHERE c."name" = %s AND NOT c."expired"'
 )
 _GET_STEP = f'SELECT {STEPS.select("s")} FROM "{_STEP}" s WHERE s."run_id" = {_CELL_ID} AND s."step_id" = %s'
 _GET_EVENT = f'SELECT "body" FROM "{_EVENT}" WHERE "run_id" = {_CELL_ID} AND "event_id" = %s'
@@ -214,7 +215,7 @@ def _load_sql(run: str | None, step: bool, hook: bool, marker: bool) -> str:
     Join parameters come first in the order step id, hook id, hook id
     (marker), then the cell name.
     """
-    columns = ['c."id"', 'c."event_sequence"']
+    columns = ['c."id"', 'c."event_sequence"', 'c."expired"']
     joins = []
     if run is not None:
         columns.append(RUNS.select("r") if run == "full" else 'r."status", r."spec_version"')
@@ -326,6 +327,7 @@ class LockedRunCell:
         self.name = name
         self.pk: int | None = None
         self.event_sequence = 0
+        self.expired = False  # the cell's retention fence (cells.lifecycle); checked by RunCell
         self._db = db = sql.database()
         self._inline = inline
         self._postgres = db.vendor == "postgresql"
@@ -396,8 +398,8 @@ class LockedRunCell:
                 self._hooks[hook_id] = None
                 self._markers[hook_id] = False
             return
-        self.pk, self.event_sequence = row[0], row[1]
-        at = 2
+        self.pk, self.event_sequence, self.expired = row[0], row[1], bool(row[2])
+        at = 3
         if run is not None:
             width = RUNS.width if run == "full" else 2
             values = row[at:at + width]

@@ -31,7 +31,7 @@ from worldcell.sql import is_missing_prepared_statement
 from worldcell.errors import ValidationError
 from worldcell.keys import fits_utf8, storable_text
 
-from . import event_machine
+from . import event_machine, fence
 from .event_schemas import ABSENT, ID_MAX_BYTES, check_indexed_size
 from .javascript import js_string
 from .run_store import LockedRunCell, read_event, read_page, read_run, read_step
@@ -89,6 +89,9 @@ class RunCell:
     @staticmethod
     def _apply(cell: LockedRunCell, event: event_machine.EventRequest) -> dict[str, Any]:
         event_machine.open_cell(cell, event)
+        if cell.expired:  # retention fence: the run has a tombstone (docs/lifecycle.md)
+            cell.finish()
+            return fence.expired_outcome(cell.name)
         # "now" is read under the lock, so event times follow the log order
         outcome = event_machine.apply_event(cell, event, clock.now())
         cell.finish()
@@ -108,18 +111,21 @@ class RunCell:
         return _fits(self.name, ID_MAX_BYTES) and all(storable_text(k) for k in keys)
 
     def get_run(self) -> dict[str, Any] | None:
-        """``getRun([])``: the run entity, or None."""
-        return read_run(self.name) if self._readable() else None
+        """``getRun([])``: the run entity, or None; raises ``fence.RunExpired`` (410) for an expired run."""
+        run = read_run(self.name) if self._readable() else None
+        return run if run is not None else self._unless_expired(None)
 
     def get_step(self, step_id: Any = ABSENT) -> dict[str, Any] | None:
         """``getStep([stepId])``: the step, or None (no argument looks up ``step:undefined``)."""
         step_id = js_string(step_id)
-        return read_step(self.name, step_id) if self._readable(step_id) else None
+        step = read_step(self.name, step_id) if self._readable(step_id) else None
+        return step if step is not None else self._unless_expired(None)
 
     def get_event(self, event_id: Any = ABSENT) -> dict[str, Any] | None:
         """``getEvent([eventId])``: the event, or None."""
         event_id = js_string(event_id)
-        return read_event(self.name, event_id) if self._readable(event_id) else None
+        event = read_event(self.name, event_id) if self._readable(event_id) else None
+        return event if event is not None else self._unless_expired(None)
 
     def list_events(self, params: Any = None) -> dict[str, Any]:
         """``listEvents([params?])``: P1 page of events by event id (default limit 100)."""
@@ -139,6 +145,8 @@ class RunCell:
         if not self._readable():
             return {"data": [], "cursor": None, "hasMore": False}
         fetched = read_page(list_kind, self.name, cursor, descending, limit + 1)
+        if not fetched:
+            self._unless_expired(None)
         has_more = len(fetched) > limit
         page = fetched[:limit]
         return {
@@ -146,6 +154,17 @@ class RunCell:
             "cursor": page[-1][0] if has_more and page else None,
             "hasMore": has_more,
         }
+
+
+    def _unless_expired(self, answer: Any) -> Any:
+        """``answer`` (an empty read), unless the run expired: then raise ``fence.RunExpired`` (410).
+
+        Reads of an expired cell find nothing (``_CELL_ID`` skips it), so only
+        an empty answer costs this lookup.
+        """
+        if _fits(self.name, ID_MAX_BYTES):
+            fence.raise_if_expired(self.name)
+        return answer
 
 
 def _fits(text: str, max_bytes: int) -> bool:

@@ -21,6 +21,7 @@ from worldcell import clock, codec
 from worldcell.errors import CellError, ValidationError
 from worldcell.keys import require_storable
 
+from . import fence
 from .models import Stream, StreamRegistration
 
 __all__ = ["StreamCell"]
@@ -124,6 +125,8 @@ class StreamCell:
         Raises ValidationError (400) for a non-string name.
         """
         name = require_storable(name, "name", max_bytes=NAME_MAX_BYTES)
+        if self.name.startswith("run-streams:"):  # no registry for an expired run (docs/lifecycle.md)
+            fence.raise_if_expired(self.name[len("run-streams:"):])
         StreamRegistration.objects.register(self.name, name, clock.now())
 
     def list_streams(self) -> list[str]:

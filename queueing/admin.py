@@ -96,6 +96,13 @@ def _oldest_due(first_due: int | None, now: int) -> str:
     return format_html('<span class="wc-rel">next due in {}</span>', format_duration_ms(first_due - now))
 
 
+def _lifecycle_context() -> dict[str, Any]:
+    """Retention settings and last sweep (docs/lifecycle.md §8)."""
+    from cells.admin_lifecycle import dashboard_context
+
+    return dashboard_context()
+
+
 class StateFilter(admin.SimpleListFilter):
     """pending (scheduled) / in flight (claimed) / idle, as ``Message.state`` says."""
 
@@ -208,6 +215,7 @@ class QueueCellAdmin(OperatorModelAdmin):
                 "max_inflight": config.max_inflight(),
                 "delivery_timeout": format_duration_ms(config.delivery_timeout_ms()),
             },
+            "lifecycle": _lifecycle_context(),
             **(extra_context or {}),
         }
         return super().changelist_view(request, context)

@@ -90,6 +90,8 @@ class Message(models.Model):
     last_status = models.IntegerField(null=True, blank=True, help_text="HTTP status of the last answer")
     last_attempt_at = models.BigIntegerField(null=True, blank=True, help_text="epoch ms the last POST started")
     updated_at = models.BigIntegerField(help_text="epoch ms of the last transition")
+    # The run the body names (runId / workflowRunId), for retention cleanup (docs/lifecycle.md).
+    run_id = models.TextField(null=True, blank=True, help_text="run named by the body, if any")
 
     class Meta:
         constraints = [
@@ -119,6 +121,8 @@ class Message(models.Model):
                 name="queue_message_inflight",
                 condition=Q(inflight_deadline__isnull=False),
             ),
+            # retention cleanup and stuck-run checks look messages up by run
+            models.Index(fields=["run_id"], name="queue_message_run", condition=Q(run_id__isnull=False)),
         ]
 
     def __str__(self) -> str:
@@ -158,6 +162,7 @@ class DeadLetter(models.Model):
     last_status = models.IntegerField(null=True, blank=True)
     deliveries = models.IntegerField(default=0)
     failed_at = models.BigIntegerField()
+    run_id = models.TextField(null=True, blank=True, help_text="run named by the body, if any")
 
     class Meta:
         verbose_name = "dead letter"
@@ -169,7 +174,10 @@ class DeadLetter(models.Model):
         constraints = [
             models.UniqueConstraint(fields=["cell", "dlq_key"], name="queue_deadletter_unique_key"),
         ]
-        indexes = [models.Index(fields=["cell", "message_id"], name="queue_deadletter_message")]
+        indexes = [
+            models.Index(fields=["cell", "message_id"], name="queue_deadletter_message"),
+            models.Index(fields=["run_id"], name="queue_deadletter_run", condition=Q(run_id__isnull=False)),
+        ]
 
     def __str__(self) -> str:
         return self.dlq_key

@@ -36,6 +36,7 @@ from worldcell.errors import ValidationError
 from worldcell.keys import require_storable as _storable
 
 from . import machine
+from .runref import run_of_message
 
 __all__ = ["QueueCell"]
 
@@ -115,6 +116,7 @@ def parse_enqueue_request(request: Any) -> machine.EnqueueRequest:
         queue_shards=shards,
         idempotency_key=key,
         delay_seconds=delay,
+        run_id=run_of_message(queue_name, body),
     )
 
 
@@ -130,11 +132,26 @@ class QueueCell:
         self.name = _storable(name, "cell name", CELL_NAME_MAX_BYTES)
 
     def enqueue(self, request: Any = None) -> dict[str, Any]:
-        """``enqueue([request])`` -> ``{"ok":true,"messageId","deduped"}`` or CONFIG_MISMATCH (§4.4, §7.3)."""
+        """``enqueue([request])`` -> ``{"ok":true,"messageId","deduped"}`` or CONFIG_MISMATCH (§4.4, §7.3).
+
+        A message of an expired run is refused with ``{"ok":false,"code":"RUN_EXPIRED",…}``
+        and a stored workflow message is remembered for stuck-run repair
+        (docs/lifecycle.md; ``cells.fence`` and ``cells.repair``).
+        """
         parsed = parse_enqueue_request(request)
+        if parsed.run_id is not None:
+            from cells import fence
+
+            refused = fence.refuse_enqueue(parsed.run_id)
+            if refused is not None:
+                return refused
         result = machine.enqueue(self.name, parsed)
         if result.get("ok"):
             metrics.record_enqueue(parsed.queue_name, bool(result.get("deduped")))
+            if parsed.run_id is not None and not result.get("deduped"):
+                from cells import repair
+
+                repair.remember_flow_message(self.name, parsed)
         return result
 
     def stats(self) -> dict[str, Any]:

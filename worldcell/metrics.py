@@ -36,7 +36,8 @@ from prometheus_client.exposition import CONTENT_TYPE_LATEST
 
 from . import clock, dispatch
 
-__all__ = ["DatabaseCollector", "observe_rpc", "record_delivery", "record_enqueue", "registry", "view"]
+__all__ = ["DatabaseCollector", "observe_rpc", "record_delivery", "record_enqueue", "record_expired", "record_repair",
+           "registry", "view"]
 
 MULTIPROCESS = bool(os.environ.get("PROMETHEUS_MULTIPROC_DIR"))
 ENABLED: bool = bool(getattr(settings, "METRICS_ENABLED", True))
@@ -54,6 +55,9 @@ RPC_LATENCY = Histogram(
 )
 QUEUE_ENQUEUED = Counter("worldcell_queue_enqueued", "Messages stored by enqueue (not deduplicated)", ["queue"])
 QUEUE_DEDUPED = Counter("worldcell_queue_deduped", "Enqueues answered from a live idempotency key", ["queue"])
+#: run lifecycle (docs/lifecycle.md): runs fenced by retention, stuck runs re-enqueued
+RUNS_EXPIRED = Counter("worldcell_runs_expired", "Runs expired by the retention sweep (tombstoned)")
+STUCK_RUN_REPAIRS = Counter("worldcell_stuck_run_repairs", "Stuck runs whose workflow message was re-enqueued")
 #: outcome: delivered (2xx), retried (counted failure), rescheduled (503 + timeoutSeconds),
 #: dropped (404/409/410/422), dead_lettered, stale (the claim was no longer current)
 QUEUE_DELIVERIES = Counter(
@@ -146,6 +150,18 @@ def record_enqueue(queue_name: str, deduped: bool) -> None:
     if not ENABLED:
         return
     (QUEUE_DEDUPED if deduped else QUEUE_ENQUEUED).labels(queue_label(queue_name)).inc()
+
+
+def record_expired(n: int) -> None:
+    """Count ``n`` runs expired by one retention sweep."""
+    if ENABLED and n:
+        RUNS_EXPIRED.inc(n)
+
+
+def record_repair() -> None:
+    """Count one stuck-run repair."""
+    if ENABLED:
+        STUCK_RUN_REPAIRS.inc()
 
 
 def record_delivery(row: Any, result: str, attempt_seconds: float, answered_ms: int | None = None) -> None:

@@ -190,6 +190,42 @@ CELERY_BEAT_SCHEDULE = {
         "options": {"expires": 5},
     },
 }
+# --- Run lifecycle: retention and stuck-run repair (docs/lifecycle.md) -----------
+# Both retention policies are off unless set; a value that does not parse stops
+# the fleet here (ImproperlyConfigured), it never falls back silently.
+from django.core.exceptions import ImproperlyConfigured  # noqa: E402
+
+from worldcell.durations import parse_duration_ms  # noqa: E402
+
+WORLDCELL_RUN_RETENTION_MS = parse_duration_ms(env.str("WORLDCELL_RUN_RETENTION", default=""), "WORLDCELL_RUN_RETENTION")
+WORLDCELL_MAX_RUN_AGE_MS = parse_duration_ms(env.str("WORLDCELL_MAX_RUN_AGE", default=""), "WORLDCELL_MAX_RUN_AGE")
+try:
+    WORLDCELL_RETENTION_BATCH = int(env.str("WORLDCELL_RETENTION_BATCH", default="128"))
+except ValueError:
+    raise ImproperlyConfigured("WORLDCELL_RETENTION_BATCH must be an integer from 1 to 1000") from None
+if not 1 <= WORLDCELL_RETENTION_BATCH <= 1000:
+    raise ImproperlyConfigured("WORLDCELL_RETENTION_BATCH must be an integer from 1 to 1000")
+# The share of wall time a sweep may work (0 < duty <= 1); it pauses between pages for the rest.
+try:
+    WORLDCELL_RETENTION_DUTY = float(env.str("WORLDCELL_RETENTION_DUTY", default="0.5"))
+except ValueError:
+    raise ImproperlyConfigured("WORLDCELL_RETENTION_DUTY must be a number above 0 and at most 1") from None
+if not 0 < WORLDCELL_RETENTION_DUTY <= 1:
+    raise ImproperlyConfigured("WORLDCELL_RETENTION_DUTY must be a number above 0 and at most 1")
+# Milliseconds between a run's tombstone and its final "settle" cleanup pass (late in-flight writes).
+WORLDCELL_RETENTION_SETTLE_MS = env.int("WORLDCELL_RETENTION_SETTLE_MS", default=60_000)
+# A run idle (no new event) this long with nothing queued to resume it is re-enqueued; "off" disables.
+WORLDCELL_STUCK_RUN_AFTER_MS = parse_duration_ms(
+    env.str("WORLDCELL_STUCK_RUN_AFTER", default="15m"), "WORLDCELL_STUCK_RUN_AFTER"
+)
+# Seconds between lifecycle sweeps (beat and the dev fleet's ticker).
+WORLDCELL_LIFECYCLE_INTERVAL_S = env.float("WORLDCELL_LIFECYCLE_INTERVAL_S", default=30.0)
+CELERY_BEAT_SCHEDULE["lifecycle-sweep"] = {
+    "task": "cells.tasks.lifecycle_sweep",
+    "schedule": WORLDCELL_LIFECYCLE_INTERVAL_S,
+    "options": {"expires": max(5.0, WORLDCELL_LIFECYCLE_INTERVAL_S)},
+}
+
 # When false (the embedded dev fleet, tests without a broker) nothing is sent
 # to Celery: an in-process pump drives the same services.
 WORLDCELL_USE_CELERY = env.bool("WORLDCELL_USE_CELERY", default=not IS_SQLITE)

@@ -80,6 +80,10 @@ class RunCellState(models.Model):
     name = models.TextField(help_text="cell name = run id")
     event_sequence = models.BigIntegerField(default=0, help_text="last event sequence number handed out")
     schema_version = models.PositiveSmallIntegerField(default=3)
+    # Retention fence (docs/lifecycle.md "Tombstones"): set, under this row's lock,
+    # in the transaction that writes the run's tombstone; never cleared. The row
+    # itself is never deleted, so a late event finds it and answers RUN_EXPIRED.
+    expired = models.BooleanField(default=False, db_default=False, help_text="the run expired (see its tombstone)")
 
     class Meta:
         verbose_name = "run cell"
@@ -143,6 +147,7 @@ class Run(EntityRow, models.Model):
             models.Index(fields=["workflow_name"], name="cells_run_workflow_idx"),
             models.Index(fields=["deployment_id"], name="cells_run_deployment_idx"),
             models.Index(fields=["created_at"], name="cells_run_created_idx"),
+            models.Index(fields=["completed_at"], name="cells_run_completed_idx"),  # retention (cells.lifecycle)
         ]
 
     def __str__(self) -> str:

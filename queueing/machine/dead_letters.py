@@ -15,6 +15,7 @@ from django.db.models import Q
 from worldcell import codec
 
 from ..models import DeadLetter, Message, QueueCell
+from ..runref import run_of_message
 from .lock import _lock_and_wake, arm_alarm_at_most
 from .values import DeliveryRow, dlq_key
 
@@ -33,6 +34,7 @@ def _bury(cell: QueueCell, row: DeliveryRow, attempt: int, reason: str, status: 
         pathname=row.pathname, body=codec.encode(row.body), target_base_url=row.target_base_url,
         idempotency_key=row.idempotency_key, attempt=attempt, enqueued_at=row.enqueued_at,
         last_error=reason, last_status=status, deliveries=row.deliveries, failed_at=now,
+        run_id=run_of_message(row.queue_name, row.body),
     )
 
 
@@ -130,6 +132,7 @@ def redrive_dead_letter(cell_name: str, message_id: str, now: int | None = None)
             idempotency_key=dead.idempotency_key,
             enqueued_at=dead.enqueued_at,
             due_at=now,
+            run_id=dead.run_id,
             **_fresh_lifecycle(now),
         )
         if same is not None:

@@ -152,7 +152,7 @@ def _enqueue_batch(cell_name: str, requests: list[EnqueueRequest], now: int | No
             for i in bulk:
                 r = requests[i]
                 params += [cell.pk, r.message_id, r.queue_name, r.pathname, bodies[i], r.target_base_url,
-                           r.idempotency_key, now, due[i], now]
+                           r.idempotency_key, now, due[i], now, r.run_id]
             rows = db.rows(sql.insert_messages(len(bulk)), params + [cell.pk])
             inserted = {mid for mid, _ in rows}
             inflight = rows[0][1] if rows else None
@@ -195,6 +195,7 @@ def _enqueue_alone(cell: QueueCell, request: EnqueueRequest, now: int, due_at: i
         idempotency_key=request.idempotency_key,
         enqueued_at=now,
         due_at=due_at,
+        run_id=request.run_id,
         **_fresh_lifecycle(now),
     )
     if same is not None:
@@ -274,7 +275,7 @@ def _enqueue_in_one_trip(cell_name: str, requests: list[EnqueueRequest]) -> list
         r = requests[i]
         due_at = _due_at(r, now)
         params += [cell_id, r.message_id, r.queue_name, r.pathname, codec.encode(r.body), r.target_base_url,
-                   r.idempotency_key, now, due_at, now]
+                   r.idempotency_key, now, due_at, now, r.run_id]
     soon = [now, now + config.MIN_ALARM_DELAY_MS]
     params += [cell_id, cell_name, shards, *soon, *soon, cell_id, cell_id]
     locked, [(inserted, alarm_at, inflight)], _ = db.run_script(sql.one_trip_enqueue(len(bulk)), params)

@@ -150,16 +150,16 @@ def armed(current: str, target: str) -> str:
 MESSAGE_COLUMNS = (
     '"cell_id", "message_id", "queue_name", "pathname", "body", "target_base_url", '
     '"idempotency_key", "attempt", "enqueued_at", "due_at", "inflight_deadline", "claim_token", '
-    '"delivery_started_at", "deliveries", "last_error", "last_status", "last_attempt_at", "updated_at"'
+    '"delivery_started_at", "deliveries", "last_error", "last_status", "last_attempt_at", "updated_at", "run_id"'
 )
-#: One new message: cell id, message id, queue name, pathname, body, target, key, now, due, now.
-NEW_MESSAGE = "(%s, %s, %s, %s, %s, %s, %s, 0, %s, %s, NULL, NULL, NULL, 0, NULL, NULL, NULL, %s)"
+#: One new message: cell id, message id, queue name, pathname, body, target, key, now, due, now, run id.
+NEW_MESSAGE = "(%s, %s, %s, %s, %s, %s, %s, 0, %s, %s, NULL, NULL, NULL, 0, NULL, NULL, NULL, %s, %s)"
 #: The same with the types spelled out (a ``VALUES`` list that is not an ``INSERT``'s own).
 NEW_MESSAGE_TYPED = (
     "(CAST(%s AS BIGINT), CAST(%s AS TEXT), CAST(%s AS TEXT), CAST(%s AS TEXT), CAST(%s AS TEXT), "
     "CAST(%s AS TEXT), CAST(%s AS TEXT), 0, CAST(%s AS BIGINT), CAST(%s AS BIGINT), CAST(NULL AS BIGINT), "
     "CAST(NULL AS VARCHAR), CAST(NULL AS BIGINT), 0, CAST(NULL AS TEXT), CAST(NULL AS INTEGER), "
-    "CAST(NULL AS BIGINT), CAST(%s AS BIGINT))"
+    "CAST(NULL AS BIGINT), CAST(%s AS BIGINT), CAST(%s AS TEXT))"
 )
 
 DELIVERY_COLUMNS = (

@@ -29,6 +29,8 @@ class EnqueueRequest:
     queue_shards: int
     idempotency_key: str | None = None
     delay_seconds: float | None = None
+    #: the run the body names (``queueing.runref.run_of_message``), stored on the row for retention
+    run_id: str | None = None
 
 
 @dataclass(frozen=True)

@@ -123,6 +123,9 @@ class Command(BaseCommand):
 
         pump = LocalPump(max_workers=opts["delivery_workers"], log_deliveries=not opts["quiet"])
         pump.start()
+        from cells.ticker import LifecycleTicker  # retention sweep + stuck-run repair (docs/lifecycle.md)
+
+        ticker = LifecycleTicker().start()
 
         def _terminate(signum, frame):
             raise KeyboardInterrupt()
@@ -141,6 +144,7 @@ class Command(BaseCommand):
                 server.close()
             except Exception:  # noqa: BLE001 - already closed by waitress
                 pass
+            ticker.stop()
             left = pump.stop(timeout_s=opts["drain_seconds"])
             if left:
                 self.stdout.write(f"worldcell: {left} delivery(ies) still in flight; they will be redelivered after their claim deadline")
