@@ -1,4 +1,4 @@
-"""Registers the queue cell service with ``worldcell.dispatch`` (PROTOCOL.md §2.5, §4.4)."""
+"""Registers the queue cell service with ``worldcell.dispatch`` (docs/protocol.md §2.5, §4.4)."""
 from worldcell.dispatch import register_binding
 
 from .service import QueueCell

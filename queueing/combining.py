@@ -1,7 +1,7 @@
 """Combining concurrent transitions of one queue cell into one transaction (flat combining).
 
 Every transition of a cell holds the cell's lock for its whole transaction
-(DESIGN.md rule 1), including the client round trips of each statement and
+(docs/architecture.md rule 1), including the client round trips of each statement and
 the commit's WAL flush. Under load the lock, not the database, is the limit:
 on a busy two-core machine a four-statement transaction holds it for 10–25 ms
 because each round trip waits for the holding thread to be scheduled again.

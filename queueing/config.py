@@ -1,4 +1,4 @@
-"""The queue cell's configuration, read at use time (PROTOCOL.md §7.2).
+"""The queue cell's configuration, read at use time (docs/protocol.md §7.2).
 
 ``QUEUE_MAX_ATTEMPTS``, ``QUEUE_MAX_INFLIGHT`` and ``QUEUE_DELIVERY_TIMEOUT_MS``
 are kept as raw strings in ``worldcell.settings`` and parsed here on every use

@@ -1,4 +1,4 @@
-"""Delivering one claimed message: the HTTP POST and the response taxonomy (PROTOCOL.md §7.5–7.6).
+"""Delivering one claimed message: the HTTP POST and the response taxonomy (docs/protocol.md §7.5–7.6).
 
 ``deliver_claim(claim)`` is the whole life of one delivery, shared by the
 Celery task and the in-process pump (both call it through
@@ -7,7 +7,7 @@ Celery task and the in-process pump (both call it through
 1. ``machine.start_delivery`` — compare-and-set "this claim's POST begins";
    a duplicated or stale delivery stops here;
 2. ``post_message`` — the POST, with no database transaction or lock held
-   (DESIGN.md rule 6), classified by ``classify``;
+   (docs/architecture.md rule 6), classified by ``classify``;
 3. ``machine.apply_outcome`` — one short transaction applies the result
    (``now`` re-read after the answer, §7.6).
 

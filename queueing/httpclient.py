@@ -1,4 +1,4 @@
-"""The delivery HTTP client: one POST, pooled keep-alive connections, a total deadline (PROTOCOL.md §7.5).
+"""The delivery HTTP client: one POST, pooled keep-alive connections, a total deadline (docs/protocol.md §7.5).
 
 ``post(url, body, headers, timeout_ms, read_body)`` sends one request and
 returns ``(status, body or None)``; every failure before a usable answer

@@ -1,4 +1,4 @@
-"""Models of the queue cells (PROTOCOL.md §7.1, DESIGN.md "Delivery").
+"""Models of the queue cells (docs/protocol.md §7.1, docs/architecture.md "Delivery").
 
 Upstream keeps a queue cell as keys in one ordered map; worldcell keeps the
 same state in three tables an operator can query:
@@ -19,7 +19,7 @@ A message row exists from enqueue until it is acked, dropped or dead-lettered,
 so "the key is held" is simply "a message row with that key exists" (a
 partial unique constraint keeps one holder per key and cell). All times are
 integer epoch milliseconds, as on the wire. The body is stored codec-encoded
-(a JSON string literal, DESIGN.md rule 5) so U+0000 and lone surrogates are
+(a JSON string literal, docs/architecture.md rule 5) so U+0000 and lone surrogates are
 safe in PostgreSQL; ``Message.body_text`` gives it back.
 """
 from __future__ import annotations
@@ -37,7 +37,7 @@ class QueueCell(models.Model):
     """One queue shard ``q:<n>``: its pinned config and its alarm.
 
     The row is the cell's lock: every transition of the cell runs in one
-    transaction that first takes ``SELECT … FOR UPDATE`` on it (DESIGN.md rule 1).
+    transaction that first takes ``SELECT … FOR UPDATE`` on it (docs/architecture.md rule 1).
     """
 
     name = models.TextField(unique=True, help_text="cell name, e.g. q:0")
@@ -142,7 +142,7 @@ class Message(models.Model):
 
 
 class DeadLetter(models.Model):
-    """A message that failed ``QUEUE_MAX_ATTEMPTS`` counted deliveries (PROTOCOL.md §7.7).
+    """A message that failed ``QUEUE_MAX_ATTEMPTS`` counted deliveries (docs/protocol.md §7.7).
 
     ``dlq_key`` is the upstream key ``dlq:<ms13 failedAt>:<messageId>``; the
     P4 listing orders by it and returns it as the cursor (§4.0).

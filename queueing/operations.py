@@ -1,11 +1,11 @@
-"""Operator actions on dead letters: redrive and purge, with a reason for everything refused (PROTOCOL.md §7.9).
+"""Operator actions on dead letters: redrive and purge, with a reason for everything refused (docs/protocol.md §7.9).
 
 Redrive and purge-all go through the queue cell's own service
 (``queueing.service.QueueCell``: ``redrive_dead_letter``,
 ``purge_dead_letters``), exactly what the ``queue`` RPC binding runs. The
 wire protocol has no "purge these dead letters", so
 ``purge_selected_dead_letters`` adds it here with the same discipline as
-every queue transition (DESIGN.md rule 1): one transaction that first locks
+every queue transition (docs/architecture.md rule 1): one transaction that first locks
 the cell's row, and a driver wake-up registered for after the commit.
 """
 from __future__ import annotations

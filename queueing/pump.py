@@ -1,4 +1,4 @@
-"""The in-process alarm pump: the queue's delivery engine (PROTOCOL.md §9.2).
+"""The in-process alarm pump: the queue's delivery engine (docs/protocol.md §9.2).
 
 Used by ``manage.py devfleet`` (no broker), by every Celery worker process
 (``queueing.tasks.worker_pump``: the broker only carries wake-ups) and by

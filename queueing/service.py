@@ -1,4 +1,4 @@
-"""The ``queue`` binding's cell service (PROTOCOL.md §4.4, §7).
+"""The ``queue`` binding's cell service (docs/protocol.md §4.4, §7).
 
 ``QueueCell(name)`` is what the RPC router builds for ``/v1/rpc/queue/<name>/…``;
 its methods are the six wire methods. They validate the arguments

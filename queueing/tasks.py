@@ -1,6 +1,6 @@
-"""Celery tasks that drive the queue cells (DESIGN.md "Delivery").
+"""Celery tasks that drive the queue cells (docs/architecture.md "Delivery").
 
-They only *wake* cells; the database decides (DESIGN.md rule 3). Any of
+They only *wake* cells; the database decides (docs/architecture.md rule 3). Any of
 these messages may be lost, duplicated or delayed: a lost wake-up delays a
 delivery until the next beat tick, a duplicated one finds nothing to do.
 

@@ -1,6 +1,6 @@
 """Waking a queue cell's driver: this process's pump if it runs one, else Celery (``WORLDCELL_USE_CELERY``).
 
-The database decides what is due (DESIGN.md rule 3); a wake-up only asks
+The database decides what is due (docs/architecture.md rule 3); a wake-up only asks
 "run this cell's alarm handler now (or at ``at_ms``)". Losing, duplicating or
 delaying a wake-up can delay a delivery, never lose or repeat one: beat (every
 second) or the pump's tick (every 25 ms) fires every due alarm anyway.

@@ -1,4 +1,4 @@
-"""The django-ninja API object that serves ``/v1`` (PROTOCOL.md §2).
+"""The django-ninja API object that serves ``/v1`` (docs/protocol.md §2).
 
 Every operation hands the request to ``worldcell.rpc.handle``, which applies
 the normative decision order on the *raw* request path (so ``%2F`` inside a

@@ -1,4 +1,4 @@
-"""Bearer-token authentication of the RPC route (PROTOCOL.md §2.4)."""
+"""Bearer-token authentication of the RPC route (docs/protocol.md §2.4)."""
 from __future__ import annotations
 
 import hashlib

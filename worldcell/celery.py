@@ -1,7 +1,7 @@
 """The Celery application of the fleet.
 
 Workers deliver queue messages; beat fires the queue cells' due alarms every
-second (DESIGN.md "Delivery"). Configuration comes from Django settings keys
+second (docs/architecture.md "Delivery"). Configuration comes from Django settings keys
 prefixed ``CELERY_`` (see ``worldcell.settings``).
 """
 import os

@@ -1,4 +1,4 @@
-"""The server clock: one ``now`` per RPC call, in whole milliseconds (PROTOCOL.md §0).
+"""The server clock: one ``now`` per RPC call, in whole milliseconds (docs/protocol.md §0).
 
 Tests may install a controllable clock with ``set_clock``; everything that
 needs "now" (event timestamps, queue due times, alarms) reads it from here.

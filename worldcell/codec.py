@@ -1,4 +1,4 @@
-"""The RPC wire codec: tagged JSON in both directions (PROTOCOL.md §3).
+"""The RPC wire codec: tagged JSON in both directions (docs/protocol.md §3).
 
 Python values on our side of the wire:
 
@@ -10,7 +10,7 @@ An *absent* member is simply a key that is not in the dict; the codec never
 invents ``null`` for it (§3.5). Encoded output is compact and pure ASCII (non-
 ASCII characters, lone surrogates and U+0000 travel as ``\\uXXXX`` escapes), so
 the same text can be stored in a PostgreSQL ``text`` column unchanged
-(DESIGN.md rule 5).
+(docs/architecture.md rule 5).
 """
 from __future__ import annotations
 
@@ -35,7 +35,7 @@ __all__ = [
 ]
 
 #: Property names whose untagged ISO strings are revived as datetimes at any
-#: depth (PROTOCOL.md §3.2 rule 3).
+#: depth (docs/protocol.md §3.2 rule 3).
 DATE_FIELDS = frozenset({"createdAt", "updatedAt", "startedAt", "completedAt", "retryAfter"})
 
 _EPOCH = datetime(1970, 1, 1, tzinfo=timezone.utc)
@@ -96,7 +96,7 @@ _ISO_RE = re.compile(
 
 
 def parse_date_string(text: str) -> datetime | None:
-    """Parse an ISO-8601 date or date-time string (PROTOCOL.md §3.2, §12 A4).
+    """Parse an ISO-8601 date or date-time string (docs/protocol.md §3.2, §12 A4).
 
     Accepts ``YYYY-MM-DD`` (UTC midnight), date-times with or without seconds
     and fractional seconds, with ``Z``, a numeric offset, or no offset (UTC).
@@ -211,7 +211,7 @@ _DECODER = json.JSONDecoder(
 
 
 def decode(text: str | bytes | bytearray) -> Any:
-    """Parse RPC-codec JSON into Python values (PROTOCOL.md §3.2, §2.6).
+    """Parse RPC-codec JSON into Python values (docs/protocol.md §3.2, §2.6).
 
     ``text`` may be ``str`` or UTF-8 bytes (invalid sequences become U+FFFD,
     a leading BOM is dropped). Returns the decoded value. Raises DecodeError
@@ -249,7 +249,7 @@ _ENCODER = json.JSONEncoder(
 
 
 def encode(value: Any) -> str:
-    """Serialize ``value`` as compact, ASCII-only RPC-codec JSON (PROTOCOL.md §3.1).
+    """Serialize ``value`` as compact, ASCII-only RPC-codec JSON (docs/protocol.md §3.1).
 
     Datetimes become Date tags (ms precision, UTC ``Z``), bytes become
     Uint8Array tags, tuples become arrays. Raises TypeError for values the

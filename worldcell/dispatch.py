@@ -1,4 +1,4 @@
-"""The dispatch table: binding -> cell service -> whitelisted wire methods (PROTOCOL.md §2.5).
+"""The dispatch table: binding -> cell service -> whitelisted wire methods (docs/protocol.md §2.5).
 
 Each Django app registers its bindings in ``AppConfig.ready()``::
 
@@ -16,7 +16,7 @@ import inspect
 from dataclasses import dataclass, field
 from typing import Any, Callable, Mapping
 
-#: The four bindings of PROTOCOL.md §1.2 and the whitelist of §2.5. A binding
+#: The four bindings of docs/protocol.md §1.2 and the whitelist of §2.5. A binding
 #: outside this table is a 404 ``unknown binding`` even before registration.
 KNOWN_BINDINGS: Mapping[str, frozenset[str]] = {
     "runs": frozenset(
@@ -102,7 +102,7 @@ def invoke(binding: Binding, cell_name: str, method: str, args: list[Any]) -> An
     """Call ``method`` on cell ``cell_name`` with the positional ``args``.
 
     Missing trailing arguments take the method's defaults (absent); extra
-    arguments are ignored (PROTOCOL.md §2.6). Returns the method's result.
+    arguments are ignored (docs/protocol.md §2.6). Returns the method's result.
     """
     service = binding.factory(cell_name)
     fn = getattr(service, binding.methods[method])

@@ -1,4 +1,4 @@
-"""Errors a cell method may raise, and how the RPC route reports them (PROTOCOL.md §2.8–2.9).
+"""Errors a cell method may raise, and how the RPC route reports them (docs/protocol.md §2.8–2.9).
 
 * ``ValidationError`` — the arguments do not fit the method's schema. The route
   answers **400** ``{"error":{"name":"ValidationError","message":…}}`` (worldcell's

@@ -10,7 +10,7 @@ _SLASHES = re.compile(r"/{2,}")
 
 class CollapseSlashesMiddleware:
     """Collapse repeated slashes in ``path_info`` so Django's URL resolver
-    routes ``//v1//health/`` to the same view as ``/v1/health`` (PROTOCOL.md §2.1).
+    routes ``//v1//health/`` to the same view as ``/v1/health`` (docs/protocol.md §2.1).
 
     The RPC handler itself always re-reads the raw request target, so nothing
     is lost by this normalisation.
@@ -45,7 +45,7 @@ class RpcFastPathMiddleware:
             path = request.path_info
             if "//" in path:
                 path = _SLASHES.sub("/", path)
-            # rpc.handle applies PROTOCOL.md's whole decision table to any /v1 path,
+            # rpc.handle applies docs/protocol.md's whole decision table to any /v1 path,
             # so sending it a little more than the two routes is harmless.
             if path.startswith(("/v1/rpc", "/v1/health")):
                 from . import rpc

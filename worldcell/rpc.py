@@ -1,4 +1,4 @@
-"""The RPC route: raw-path routing, auth, body cap, decoding and dispatch (PROTOCOL.md §2).
+"""The RPC route: raw-path routing, auth, body cap, decoding and dispatch (docs/protocol.md §2).
 
 ``handle(request)`` applies the normative decision order of §2.2 to any
 request under ``/v1`` and returns the response. It knows nothing about events
@@ -23,7 +23,7 @@ from .errors import CellError
 
 log = logging.getLogger("worldcell.rpc")
 
-MAX_BODY_BYTES = 33_554_432  # PROTOCOL.md §2.2 checks 9-10: exactly 32 MiB is accepted
+MAX_BODY_BYTES = 33_554_432  # docs/protocol.md §2.2 checks 9-10: exactly 32 MiB is accepted
 HEALTH_BODY = b'{"ok":true,"name":"world-celld","version":"0.1.0","specVersion":3}'
 _READ_CHUNK = 1 << 20
 _PERCENT_OK = re.compile(r"%(?![0-9A-Fa-f]{2})")
@@ -135,7 +135,7 @@ def _content_length_too_large(request: HttpRequest) -> bool:
 
 
 def handle(request: HttpRequest) -> HttpResponse:
-    """Answer one request under ``/v1`` following PROTOCOL.md §2.2 step by step.
+    """Answer one request under ``/v1`` following docs/protocol.md §2.2 step by step.
 
     A ``HEAD`` request gets the status and headers of the answer with no body
     (RFC 9110 §9.3.2), so a kept-alive connection stays in sync. Every answer

@@ -79,11 +79,11 @@ SECRET_KEY = env.str("DJANGO_SECRET_KEY", default="worldcell-insecure-dev-key-ch
 DEBUG = env.bool("DJANGO_DEBUG", default=False)
 ALLOWED_HOSTS = env.list("DJANGO_ALLOWED_HOSTS", default=["127.0.0.1", "localhost", "[::1]", "testserver"])
 
-# --- The world (PROTOCOL.md §2.4, §7.2) -----------------------------------
+# --- The world (docs/protocol.md §2.4, §7.2) -----------------------------------
 # WORLD_SECRET unset or empty => every /v1/rpc route answers 503 WorldNotConfigured.
 WORLD_SECRET = env.str("WORLD_SECRET", default="")
 WORKFLOW_CALLBACK_SECRET = env.str("WORKFLOW_CALLBACK_SECRET", default="")
-# The QUEUE_* values keep their raw text: PROTOCOL.md §7.2 parses them with
+# The QUEUE_* values keep their raw text: docs/protocol.md §7.2 parses them with
 # JavaScript parseInt semantics at use time (queueing.config).
 QUEUE_MAX_ATTEMPTS = env.str("QUEUE_MAX_ATTEMPTS", default="5")
 QUEUE_MAX_INFLIGHT = env.str("QUEUE_MAX_INFLIGHT", default="5")
@@ -148,7 +148,7 @@ _db = DATABASES["default"]
 if _db["ENGINE"] == "django.db.backends.sqlite3":
     # WAL so readers never block the writer; IMMEDIATE so every transaction
     # takes the write lock up front (writers queue on busy_timeout instead of
-    # failing with "database is locked" on lock upgrade). DESIGN.md rule 1.
+    # failing with "database is locked" on lock upgrade). docs/architecture.md rule 1.
     _db.setdefault("OPTIONS", {}).update(
         {
             "transaction_mode": "IMMEDIATE",
@@ -235,7 +235,7 @@ WORLDCELL_USE_CELERY = env.bool("WORLDCELL_USE_CELERY", default=not IS_SQLITE)
 WORLDCELL_RPC_FAST_PATH = env.bool("WORLDCELL_RPC_FAST_PATH", default=True)
 
 # --- Request bodies -----------------------------------------------------------
-# The RPC route enforces its own 32 MiB cap while streaming (PROTOCOL.md §2.2).
+# The RPC route enforces its own 32 MiB cap while streaming (docs/protocol.md §2.2).
 DATA_UPLOAD_MAX_MEMORY_SIZE = None
 RPC_MAX_BODY_BYTES = 33_554_432
 

@@ -5,7 +5,7 @@
   on a fresh test client.
 * ``ClientSequence(rpc)`` — applies events the way the world-celld client
   does (hook-token reservation, run index keys, hook indexes, released-hook
-  cleanup; PROTOCOL.md §6.3), over the real RPC route.
+  cleanup; docs/protocol.md §6.3), over the real RPC route.
 * ``seed_runs(n_runs, n_steps)`` — bulk-inserts runs with steps, events and
   hooks straight into the tables (for query-count tests on big pages).
 """
@@ -26,7 +26,7 @@ RUNS = "/admin/cells/run/"
 
 
 class ClientSequence:
-    """Apply events as the JS client does, in-process over the RPC route (PROTOCOL.md §6.3)."""
+    """Apply events as the JS client does, in-process over the RPC route (docs/protocol.md §6.3)."""
 
     def __init__(self, rpc):
         self.rpc = rpc

@@ -1,6 +1,6 @@
 """"Cancel run" in the operator console: a real ``run_cancelled`` event, then the client's index work.
 
-PROTOCOL.md §5.6 (run_cancelled releases every hook), §6.1 (run index keys),
+docs/protocol.md §5.6 (run_cancelled releases every hook), §6.1 (run index keys),
 §6.3 (released hooks lose their index entries).
 """
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""The queue pages of the operator console: dashboard, messages, dead letters, redrive and purge (PROTOCOL.md §7.9).
+"""The queue pages of the operator console: dashboard, messages, dead letters, redrive and purge (docs/protocol.md §7.9).
 
 Messages are enqueued with the queue service and delivered to a real HTTP
 sink on a virtual clock (``tests/queueing/support.py``), as in ``test_queue_delivery``.

@@ -1,4 +1,4 @@
-"""The run list and the run page of the operator console (DESIGN.md "What operators see").
+"""The run list and the run page of the operator console (docs/architecture.md "What operators see").
 
 Runs are written through the real RPC route, the way the world-celld client
 writes them (``ClientSequence``), then read through the admin with the

@@ -1,4 +1,4 @@
-"""Concurrency of the index cell: per-token serialization, no global lock (PROTOCOL.md §1.3, §6.3).
+"""Concurrency of the index cell: per-token serialization, no global lock (docs/protocol.md §1.3, §6.3).
 
 Each thread has its own database connection and its own HTTP test client.
 """

@@ -1,4 +1,4 @@
-"""Hook-token reservation, publication and owner-checked removal (PROTOCOL.md §6.3; §11.5 items 34–35)."""
+"""Hook-token reservation, publication and owner-checked removal (docs/protocol.md §6.3; §11.5 items 34–35)."""
 import json
 
 import pytest

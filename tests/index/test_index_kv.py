@@ -1,4 +1,4 @@
-"""Plain key/value methods of the index cell (PROTOCOL.md §4.3, §6.2; acceptance §11.5 item 28)."""
+"""Plain key/value methods of the index cell (docs/protocol.md §4.3, §6.2; acceptance §11.5 item 28)."""
 from datetime import datetime, timezone
 
 import pytest

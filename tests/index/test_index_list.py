@@ -1,4 +1,4 @@
-"""``index.list`` — the P3 key-ordered page (PROTOCOL.md §4.0 P3, §4.3; acceptance §11.5 items 29–33)."""
+"""``index.list`` — the P3 key-ordered page (docs/protocol.md §4.0 P3, §4.3; acceptance §11.5 items 29–33)."""
 import pytest
 
 from cells.index import prefix_upper_bound

@@ -1,4 +1,4 @@
-"""Test tooling for the queue cells (the Python counterpart of PROTOCOL.md §9.3's testing bundle).
+"""Test tooling for the queue cells (the Python counterpart of docs/protocol.md §9.3's testing bundle).
 
 Used by ``tests/queueing/`` and ``tests/admin/`` (their conftests register the fixtures below).
 

@@ -1,5 +1,5 @@
 """Crash safety of the queue: every transition is all-or-nothing, lost claims come back
-(PROTOCOL.md §7.3, §7.4, §7.7, §14 item 9; §11.6 items 38, 39, 45, 46, 47, 52).
+(docs/protocol.md §7.3, §7.4, §7.7, §14 item 9; §11.6 items 38, 39, 45, 46, 47, 52).
 
 A fault is injected by failing one SQL statement inside the transition
 (``connection.execute_wrapper``), like upstream's ``failNextMutation``.

@@ -1,5 +1,5 @@
 """The queue driven by a real Celery worker (threads pool) and beat over Redis, against the
-test database (DESIGN.md "Delivery", rules 3 and 6; PROTOCOL.md §7, §9.1; §11.6 item 66).
+test database (docs/architecture.md "Delivery", rules 3 and 6; docs/protocol.md §7, §9.1; §11.6 item 66).
 
 The worker and beat run as subprocesses pointed at this test database
 (``transaction=True`` tests commit, so they see the data) and at Redis DB 5.

@@ -1,4 +1,4 @@
-"""QUEUE_* settings are parsed at use time with JavaScript parseInt semantics (PROTOCOL.md §7.2)."""
+"""QUEUE_* settings are parsed at use time with JavaScript parseInt semantics (docs/protocol.md §7.2)."""
 from __future__ import annotations
 
 import pytest

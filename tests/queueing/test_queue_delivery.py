@@ -1,5 +1,5 @@
 """Queue delivery over real HTTP on a virtual clock: headers, body, taxonomy, backoff,
-dead letters, redrive (PROTOCOL.md §7.3–7.9; acceptance §11.6 items 36–66).
+dead letters, redrive (docs/protocol.md §7.3–7.9; acceptance §11.6 items 36–66).
 
 A tick advances the virtual clock (at least 1 ms), fires every due alarm and
 runs the claimed deliveries to completion, like upstream's FakeFleet.

@@ -1,5 +1,5 @@
 """The delivery HTTP client (``queueing.httpclient``): keep-alive pooling, stale connections,
-chunked answers, header safety, quick ACKs and the total deadline (PROTOCOL.md §7.5)."""
+chunked answers, header safety, quick ACKs and the total deadline (docs/protocol.md §7.5)."""
 from __future__ import annotations
 
 import socket

@@ -1,4 +1,4 @@
-"""The batched and one-round-trip transitions give the states the spec asks for (PROTOCOL.md §7.3, §7.4, §7.7, §7.8).
+"""The batched and one-round-trip transitions give the states the spec asks for (docs/protocol.md §7.3, §7.4, §7.7, §7.8).
 
 Concurrent enqueues / outcomes of one cell are combined into one transaction
 (``queueing.combining``); on PostgreSQL, outside a transaction, the common

@@ -1,6 +1,6 @@
 """The in-process pump in real time — the queue's driver without a broker (devfleet, SQLite):
 wake on commit, the in-flight cap, prompt re-claims, delays, stop, and concurrency
-(PROTOCOL.md §7.4, §9.1, §9.2; §11.6 items 56, 66; §12 A14)."""
+(docs/protocol.md §7.4, §9.1, §9.2; §11.6 items 56, 66; §12 A14)."""
 from __future__ import annotations
 
 import logging

@@ -1,5 +1,5 @@
 """``manage.py rearm_alarms``: recompute every queue cell's alarm, make expired claims due,
-wake the cells (PROTOCOL.md §7.8, §9.1 item 6; DESIGN.md "manage.py rearm_alarms")."""
+wake the cells (docs/protocol.md §7.8, §9.1 item 6; docs/architecture.md "manage.py rearm_alarms")."""
 from __future__ import annotations
 
 import io

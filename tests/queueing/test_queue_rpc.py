@@ -1,5 +1,5 @@
 """The ``queue`` binding over the RPC route: shapes, CONFIG_MISMATCH, P4 listing, fresh cells,
-validation (PROTOCOL.md §4.0 P4, §4.4, §4.5, §7.9; §11.6 items 48, 60, 62, 64)."""
+validation (docs/protocol.md §4.0 P4, §4.4, §4.5, §7.9; §11.6 items 48, 60, 62, 64)."""
 from __future__ import annotations
 
 import json

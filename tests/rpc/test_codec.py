@@ -1,4 +1,4 @@
-"""The wire codec of PROTOCOL.md §3 (acceptance §11.2)."""
+"""The wire codec of docs/protocol.md §3 (acceptance §11.2)."""
 from datetime import datetime, timezone
 
 import pytest

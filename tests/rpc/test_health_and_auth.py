@@ -1,4 +1,4 @@
-"""The fixed surface of PROTOCOL.md §2.2–2.4 (acceptance §11.1)."""
+"""The fixed surface of docs/protocol.md §2.2–2.4 (acceptance §11.1)."""
 import json
 
 import pytest

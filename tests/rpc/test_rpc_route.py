@@ -1,4 +1,4 @@
-"""The RPC route's body handling, name decoding and error mapping (PROTOCOL.md §2.2, §2.6–2.9)."""
+"""The RPC route's body handling, name decoding and error mapping (docs/protocol.md §2.2, §2.6–2.9)."""
 import json
 
 import pytest
@@ -164,7 +164,7 @@ def test_it_never_answers_bad_arguments_with_a_500(rpc, target, args):
     resp = rpc.call_raw(binding, name, method, *args)
     body = json.loads(resp.content)
     if resp.status_code == 500:
-        # Only the upstream errors PROTOCOL.md §2.8 lists may be 500s.
+        # Only the upstream errors docs/protocol.md §2.8 lists may be 500s.
         assert body["error"]["name"] in ("Error", "SyntaxError"), body
     assert b"Traceback" not in resp.content
 

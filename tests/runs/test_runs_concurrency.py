@@ -1,4 +1,4 @@
-"""One writer per run, none across runs; all-or-nothing on a crash (DESIGN.md rules 1–2, PROTOCOL.md §1.3).
+"""One writer per run, none across runs; all-or-nothing on a crash (docs/architecture.md rules 1–2, docs/protocol.md §1.3).
 
 The race tests need real row locks and real parallel connections: PostgreSQL only.
 """

@@ -1,4 +1,4 @@
-"""Guard order and returned failures of ``applyEvent`` (PROTOCOL.md §4.5, §5.5, §5.10, §11.7–11.9)."""
+"""Guard order and returned failures of ``applyEvent`` (docs/protocol.md §4.5, §5.5, §5.10, §11.7–11.9)."""
 from datetime import timedelta
 
 import pytest

@@ -1,4 +1,4 @@
-"""Hooks in the run cell: creation, conflicts, orphan repair, disposal, release (PROTOCOL.md §5.6, §11.7–11.9)."""
+"""Hooks in the run cell: creation, conflicts, orphan repair, disposal, release (docs/protocol.md §5.6, §11.7–11.9)."""
 from datetime import datetime
 
 import pytest

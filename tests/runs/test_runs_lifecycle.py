@@ -1,4 +1,4 @@
-"""Run and step lifecycles through ``applyEvent`` over the route (PROTOCOL.md §5.6, §11.7)."""
+"""Run and step lifecycles through ``applyEvent`` over the route (docs/protocol.md §5.6, §11.7)."""
 from datetime import datetime, timedelta
 
 import pytest

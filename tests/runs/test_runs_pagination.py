@@ -1,4 +1,4 @@
-"""``listEvents`` (P1) and ``listSteps``/``listHooks`` (P2) pages (PROTOCOL.md §4.0, §4.1, §11.7–11.9)."""
+"""``listEvents`` (P1) and ``listSteps``/``listHooks`` (P2) pages (docs/protocol.md §4.0, §4.1, §11.7–11.9)."""
 import pytest
 
 from cells.event_machine import format_event_id

@@ -1,4 +1,4 @@
-"""Payloads keep full fidelity through the run cell (PROTOCOL.md §3, §5.2, DESIGN.md rule 5)."""
+"""Payloads keep full fidelity through the run cell (docs/protocol.md §3, §5.2, docs/architecture.md rule 5)."""
 import os
 
 import pytest

@@ -1,4 +1,4 @@
-"""Validation of events and entities, and rollback on failure (PROTOCOL.md §3.4, §5.8, §11.9).
+"""Validation of events and entities, and rollback on failure (docs/protocol.md §3.4, §5.8, §11.9).
 
 worldcell answers upstream's 500 ``ZodError`` with 400 ``ValidationError``
 (deviation 1), and so is upstream's runtime ``TypeError`` for a missing

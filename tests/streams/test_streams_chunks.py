@@ -1,4 +1,4 @@
-"""The chunk role of the streams cell (PROTOCOL.md §4.2, §8.2; acceptance §11.1 items 11–12, §11.4 item 27, §11.10)."""
+"""The chunk role of the streams cell (docs/protocol.md §4.2, §8.2; acceptance §11.1 items 11–12, §11.4 item 27, §11.10)."""
 from datetime import datetime, timezone
 
 import pytest

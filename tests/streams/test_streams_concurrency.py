@@ -1,4 +1,4 @@
-"""Concurrent writers on one stream get dense indexes and lose nothing (PROTOCOL.md §8.2)."""
+"""Concurrent writers on one stream get dense indexes and lose nothing (docs/protocol.md §8.2)."""
 import threading
 from concurrent.futures import ThreadPoolExecutor
 

@@ -1,4 +1,4 @@
-"""The registry role of the streams cell: stream names per run (PROTOCOL.md §4.2, §8.2; §11.10 items 148, 150)."""
+"""The registry role of the streams cell: stream names per run (docs/protocol.md §4.2, §8.2; §11.10 items 148, 150)."""
 import pytest
 
 from cells.models import StreamRegistration

@@ -1,4 +1,4 @@
-"""``getChunks`` cost follows its ``limit``, not the stream length (PROTOCOL.md §8.2).
+"""``getChunks`` cost follows its ``limit``, not the stream length (docs/protocol.md §8.2).
 
 No timing assertions here: the test checks the query plan of the chunk query
 ``getChunks`` runs (``StreamManager.chunk_page_query``) — an index range scan on

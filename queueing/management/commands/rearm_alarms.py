@@ -2,7 +2,7 @@
 
 For each queue cell (or only the named ones), in one transaction per cell:
 claims past their deadline become due now, the alarm is recomputed from the
-due messages and in-flight deadlines (``scheduleNextAlarm``, PROTOCOL.md
+due messages and in-flight deadlines (``scheduleNextAlarm``, docs/protocol.md
 §7.8), and the cell's driver (Celery or the local pump) is woken. Prints one
 line per cell. ``--dry-run`` reports what would change and writes nothing.
 A thin shell over ``queueing.machine.rearm_cell``.
