@@ -493,6 +493,7 @@ class RunAdmin(OperatorModelAdmin):
 
     def by_id_view(self, request, run_id: str):
         """``/admin/cells/run/by-id/<runId>/`` -> the run page (for links from other pages), or its tombstone."""
+        run_id = _id_or_404(run_id, "run")
         tomb = admin_lifecycle.tombstone_url(run_id) if self.has_view_permission(request) else None
         if tomb is not None:
             return HttpResponseRedirect(tomb)
