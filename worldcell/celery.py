@@ -21,9 +21,12 @@ def _started_by_the_celery_command() -> bool:
 if _started_by_the_celery_command():
     # Celery reads the settings before worker_init/beat_init fire: an invalid one is reported
     # here as one line and exit status 2 (docs/operations.md "Processes"), not as a traceback
-    from .startup import exit_if_settings_invalid
+    from .startup import exit_if_beat_schedule_unusable, exit_if_settings_invalid
 
-    exit_if_settings_invalid("beat" if "beat" in sys.argv[1:] else "worker")
+    _role = "beat" if "beat" in sys.argv[1:] else "worker"
+    exit_if_settings_invalid(_role)
+    if _role == "beat":
+        exit_if_beat_schedule_unusable(sys.argv[1:])
 
 app = Celery("worldcell")
 app.config_from_object("django.conf:settings", namespace="CELERY")

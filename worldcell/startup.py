@@ -19,8 +19,9 @@ from urllib.parse import urlsplit
 
 EXIT_CONFIG = 2
 
-__all__ = ["EXIT_CONFIG", "check", "check_settings", "database_label", "describe_database_error",
-           "exit_if_misconfigured", "exit_if_settings_invalid"]
+__all__ = ["EXIT_CONFIG", "beat_schedule_problem", "check", "check_settings", "database_label",
+           "describe_database_error", "exit_if_beat_schedule_unusable", "exit_if_misconfigured",
+           "exit_if_settings_invalid"]
 
 
 def database_label(url: str) -> str:
@@ -102,6 +103,36 @@ def exit_if_settings_invalid(role: str) -> None:
     ``celery -A worldcell``).
     """
     _exit_on(role, check_settings())
+
+
+def beat_schedule_problem(argv: list[str]) -> str | None:
+    """The problem with beat's schedule file named in ``argv`` (``--schedule X``, ``--schedule=X``,
+    ``-s X``, ``-sX``), or None when its folder exists and is writable or no file is named.
+
+    Celery opens the file before any of its signals fire, so a missing folder would otherwise
+    end beat with a shelve traceback (docs/operations.md "Processes").
+    """
+    path = None
+    for i, arg in enumerate(argv):
+        if arg in ("--schedule", "-s") and i + 1 < len(argv):
+            path = argv[i + 1]
+        elif arg.startswith("--schedule="):
+            path = arg.split("=", 1)[1]
+        elif arg.startswith("-s") and len(arg) > 2 and not arg.startswith("--"):
+            path = arg[2:]
+    if not path:
+        return None
+    folder = os.path.dirname(os.path.abspath(path))
+    if not os.path.isdir(folder):
+        return f"beat's schedule folder {folder} does not exist (--schedule {path}); create it, e.g. mkdir -p {folder}"
+    if not os.access(folder, os.W_OK | os.X_OK):
+        return f"beat's schedule folder {folder} is not writable by this user (--schedule {path})"
+    return None
+
+
+def exit_if_beat_schedule_unusable(argv: list[str]) -> None:
+    """``beat_schedule_problem(argv)``; on a problem, one line and ``EXIT_CONFIG``."""
+    _exit_on("beat", beat_schedule_problem(argv))
 
 
 def _exit_on(role: str, problem: str | None) -> None:

@@ -96,3 +96,14 @@ def test_a_malformed_setting_is_one_line_naming_it_and_exit_2(process, case, tmp
     assert len(lines) == 1, lines
     assert "configuration error" in lines[0] and expected in lines[0], lines[0]
     assert "hunter2" not in lines[0]
+
+
+@pytest.mark.parametrize("spelling", ["--schedule {}", "--schedule={}", "-s {}"])
+def test_beat_with_a_missing_schedule_folder_is_one_line_and_exit_2(spelling, tmp_path):
+    db = settings.DATABASES["default"]
+    env = base_env(f"postgres://{db['USER']}@{db['HOST']}:{db['PORT']}/{db['NAME']}", "a-secret", tmp_path)
+    missing = tmp_path / "no-such-folder" / "celerybeat-schedule"
+    rc, lines = _run(COMMANDS["beat"] + spelling.format(missing).split(" "), env, tmp_path)
+    assert rc == 2
+    assert len(lines) == 1, lines
+    assert f"{missing.parent} does not exist" in lines[0] and "mkdir -p" in lines[0]
