@@ -11,13 +11,13 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from tests.queueing.support import HttpSink, enqueue_request
-from tests.e2e.fleet_processes import celery_fleet
+from tests.e2e.fleet_processes import celery_fleet, free_port
 from tests.ops.support import fresh_database
 
 pytestmark = [pytest.mark.slow, pytest.mark.postgres_only]
 
 BROKER = f"redis://127.0.0.1:6379/{int(os.environ.get('TEST_REDIS_DB_BASE', '5')) + 1}"
-WORKER_METRICS_PORT = 18420
+WORKER_METRICS_PORT = free_port()  # chosen once per test session
 
 
 def _value(text: str, name: str, **labels) -> float:

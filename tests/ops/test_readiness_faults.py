@@ -12,12 +12,12 @@ import time
 import httpx
 import pytest
 
-from tests.e2e.fleet_processes import celery_fleet
+from tests.e2e.fleet_processes import celery_fleet, free_port
 from tests.ops.services import private_postgres, private_redis
 
 pytestmark = [pytest.mark.slow, pytest.mark.postgres_only]
 
-PG_PORT, REDIS_PORT = 18410, 18411
+PG_PORT, REDIS_PORT = free_port(), free_port()  # chosen once per test session
 
 
 def _ready(url: str) -> tuple[int, dict]:
