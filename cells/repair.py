@@ -42,7 +42,7 @@ from .models.tombstone import FlowMessageRecord, RunRepair
 
 log = logging.getLogger("cells.repair")
 
-__all__ = ["ReconcileReport", "StuckRun", "enqueue_once", "find_stuck", "lock_run", "reconcile",
+__all__ = ["ReconcileReport", "StuckRun", "enqueue_once", "find_stuck", "lock_run", "open_waits", "reconcile",
            "remember_flow_message", "repair_run", "repairs_total"]
 
 #: Runs examined per reconcile tick (keyset scan over run cells, resumed where the last tick stopped).
@@ -148,21 +148,32 @@ def parked(cell_id: int, now_ms: int) -> str | None:
     """
     if _rows(f'SELECT 1 FROM "{_HK}" WHERE "run_id" = %s LIMIT 1', [cell_id]):
         return "open hook"
+    for resume_at in open_waits(cell_id).values():
+        if hasattr(resume_at, "tzinfo") and codec.epoch_ms(resume_at) > now_ms:
+            return f"wait until {codec.format_iso(resume_at)}"
+    return None
+
+
+def open_waits(cell_id: int) -> dict[str | None, Any]:
+    """The open waits (sleeps) of run cell ``cell_id``: ``{correlationId: resumeAt}`` in log order.
+
+    A wait is open from its ``wait_created`` until a ``wait_completed`` with
+    the same ``correlationId`` (protocol.md §5.6); ``resumeAt`` is the
+    ``wait_created`` event's (a datetime, or whatever the client sent, None
+    when absent). Used by ``parked`` and the console's *Wake up*.
+    """
     waits = _rows(
         f'SELECT "event_type", "correlation_id", "body" FROM "{_EV}" WHERE "run_id" = %s '
         f'AND "event_type" IN (%s, %s) ORDER BY "event_id"',
         [cell_id, "wait_created", "wait_completed"],
     )
-    open_waits: dict[str | None, Any] = {}
+    found: dict[str | None, Any] = {}
     for kind, corr, body in waits:
         if kind == "wait_created":
-            open_waits[corr] = (codec.decode(body).get("eventData") or {}).get("resumeAt")
+            found[corr] = (codec.decode(body).get("eventData") or {}).get("resumeAt")
         else:
-            open_waits.pop(corr, None)
-    for resume_at in open_waits.values():
-        if hasattr(resume_at, "tzinfo") and codec.epoch_ms(resume_at) > now_ms:
-            return f"wait until {codec.format_iso(resume_at)}"
-    return None
+            found.pop(corr, None)
+    return found
 
 
 def check(cell_id: int, run_id: str, status: str, sequence: int, now_ms: int, after_ms: int) -> StuckRun | None:
