@@ -43,12 +43,12 @@ from .event_machine import is_legacy_spec_version
 from .models import Run
 from .models.lineage import RunLink
 from .models.tombstone import FlowMessageRecord, RunRepair
-from .operations import cancel_run, write_client_index
+from .operations import CancelResult, cancel_run, write_client_index
 from .runs import RunCell
 
 log = logging.getLogger("cells.operator_actions")
 
-__all__ = ["ActionResult", "TERMINAL", "cancel", "new_request_key", "reenqueue_run", "rerun_run", "run_many",
+__all__ = ["ActionResult", "TERMINAL", "cancel", "cancel_result", "new_request_key", "reenqueue_run", "rerun_run", "run_many",
            "wake_run"]
 
 #: Run statuses after which nothing happens to a run by itself.
@@ -292,14 +292,18 @@ def reenqueue_run(run_id: str) -> ActionResult:
 
 def cancel(run_id: str) -> ActionResult:
     """``cells.operations.cancel_run`` as an ``ActionResult`` (already cancelled or finished: ``skipped``)."""
-    result = cancel_run(run_id)
+    return cancel_result(cancel_run(run_id))
+
+
+def cancel_result(result: CancelResult) -> ActionResult:
+    """A ``CancelResult`` in the common shape: ``ok``; ``skipped`` when already finished; else ``failed``."""
     if result.cancelled:
         hooks = ", ".join(h["hookId"] for h in result.released_hooks) or "none"
-        out = ActionResult(run_id, "ok", f"cancelled with event {result.event_id} (released hooks: {hooks})")
+        out = ActionResult(result.run_id, "ok", f"cancelled with event {result.event_id} (released hooks: {hooks})")
         out.index_error = result.index_error
         return out
     finished = result.message.startswith(("already cancelled", "ENTITY_CONFLICT"))
-    return ActionResult(run_id, "skipped" if finished else "failed", result.message)
+    return ActionResult(result.run_id, "skipped" if finished else "failed", result.message)
 
 
 def run_many(action: Callable[[str], ActionResult], run_ids: Iterable[str]) -> list[ActionResult]:
