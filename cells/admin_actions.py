@@ -161,7 +161,7 @@ class RunActionsMixin:
             if kind == "rerun" and not _valid_key(key):
                 raise PermissionDenied("the confirmation form is incomplete")
             result = self._perform(request, kind, [run], key)[0]
-            self.message_user(request, f"{run.cell.name}: {result.message}", _LEVEL[result.outcome])
+            self.message_user(request, f"Run {run.cell.name}: {result.message}", _LEVEL[result.outcome])
             if result.index_error:
                 self.message_user(request, f"the index update after it failed: {result.index_error}", messages.WARNING)
             target = run.pk
