@@ -1,4 +1,4 @@
-"""The link between a run and the run an operator started from it (docs/lifecycle.md §2, "Run links").
+"""The link between a run and the run an operator started from it (docs/lifecycle.md §8, "Run links").
 
 ``RunLink`` — one row per run started by the console's *Re-run* from another
 run: the new run's id, the original's id, who asked and when. Both ids are
