@@ -33,6 +33,7 @@ from django.contrib.admin import helpers
 from django.contrib.admin.models import CHANGE, LogEntry
 from django.contrib.contenttypes.models import ContentType
 from django.core.exceptions import PermissionDenied
+from django.db.models.functions import Length
 from django.http import HttpResponseRedirect
 from django.template.response import TemplateResponse
 from django.urls import path, reverse
@@ -321,12 +322,11 @@ def _detail(kind: str, run: Run) -> dict[str, Any]:
         "sequence": run.cell.event_sequence,
     }
     if kind == "rerun":
-        full = Run.objects.only("input", "execution_context").get(pk=run.pk)
-        why, _ = ops._rerun_plan(run if full is None else _with(run, full), record)
-        detail.update(
-            refusal=why,
-            input_size=len(full.input.encode("utf-8")) if full.input is not None else None,
-        )
+        # the input's size, never the input itself (it may be megabytes); the context is small
+        size, run.execution_context = Run.objects.filter(pk=run.pk).annotate(n=Length("input")).values_list(
+            "n", "execution_context").get()
+        why, _ = ops._rerun_plan(run, record)
+        detail.update(refusal=why, input_size=size)
     elif kind == "wake":
         waits = repair.open_waits(run.pk)
         detail.update(
@@ -344,10 +344,3 @@ def _detail(kind: str, run: Run) -> dict[str, Any]:
             last_event=format_datetime(run.updated_at),
         )
     return detail
-
-
-def _with(run: Run, full: Run) -> Run:
-    """``run`` (list columns) with the payload columns of ``full`` (for ``_rerun_plan``)."""
-    run.input, run.execution_context = full.input, full.execution_context
-    return run
-
