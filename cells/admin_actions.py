@@ -243,7 +243,7 @@ class RunActionsMixin:
             "count": len(runs),
             "unlisted": max(0, len(runs) - CONFIRM_LISTED),
             "cap": BULK_MAX_RUNS,
-            "filters": [(k, v) for k, v in request.GET.lists() for v in v] if not single else [],
+            "filters": [(k, v) for k, vs in request.GET.lists() for v in vs] if not single else [],
             "detail": _detail(kind, one) if one is not None else None,
             "request_key": ops.new_request_key(),
             "pks": [r.pk for r in runs],
