@@ -45,6 +45,8 @@ from worldcell.admin_site import (
     status_badge,
 )
 
+from . import operator_actions
+from .admin_actions import BULK_MAX_RUNS, RunActionsMixin
 from .models import Event, Hook, HookMarker, Run, Step, Stream, StreamChunk, StreamRegistration
 from .operations import CancelResult, cancel_run
 
@@ -60,8 +62,8 @@ def _id_or_404(text: str | None, what: str) -> str:
         raise Http404(f"no such {what}")
     return text
 
-#: Runs one cancel request may touch (a "select all" over a million runs is refused).
-CANCEL_MAX_RUNS = 500
+#: Runs one cancel request may touch (a "select all" over a million runs is refused): the bulk cap.
+CANCEL_MAX_RUNS = BULK_MAX_RUNS
 #: Rows per page of the run page's sections.
 STEPS_PER_PAGE = 100
 EVENTS_PER_PAGE = 250
@@ -138,8 +140,8 @@ def _event_data_preview(stored: display.StoredText) -> str:
     return preview
 
 
-class RunAdmin(OperatorModelAdmin):
-    """Runs: the list, the run page, and "Cancel run" (see the module docstring)."""
+class RunAdmin(RunActionsMixin, OperatorModelAdmin):
+    """Runs: the list, the run page, "Cancel run" and the actions of ``cells.admin_actions``."""
 
     list_display = ("run_id", "workflow_name", "status_badge", "deployment", "created", "duration")
     list_display_links = ("run_id",)
@@ -155,7 +157,7 @@ class RunAdmin(OperatorModelAdmin):
     )
     ordering = ("-created_at",)
     list_select_related = ("cell",)
-    actions = ("cancel_selected_runs",)
+    actions = ("cancel_selected_runs", "rerun_selected_runs")
     change_form_template = "admin/cells/run/change_form.html"
     fieldsets = (
         (None, {"fields": ("run_id", "status_summary", "workflow_name", "deployment_summary", "times", "record_counts")}),
@@ -300,6 +302,7 @@ class RunAdmin(OperatorModelAdmin):
             context["title"] = f"Run {obj.cell.name}"
             context["subtitle"] = None
             context["can_cancel"] = self.has_cancel_permission(request) and obj.status not in TERMINAL_RUN_STATUSES
+            context.update(self.run_page_actions(request, obj))  # cells.admin_actions
             # a run with a live hook is parked, never stuck (docs/lifecycle.md §7): no query then
             context["stuck_note"] = None if context.get("hook_rows") else admin_lifecycle.stuck_note(obj)
         return super().render_change_form(request, context, add, change, form_url, obj)
@@ -484,6 +487,7 @@ class RunAdmin(OperatorModelAdmin):
             path("<int:object_id>/cancel/", wrap(self.cancel_view), name="%s_%s_cancel" % info),
             path("<int:object_id>/step/", wrap(self.step_view), name="%s_%s_step" % info),
             path("<int:object_id>/event/<str:event_id>/", wrap(self.event_view), name="%s_%s_event" % info),
+            *self.action_urls(),
         ] + super().get_urls()
 
     def _run_or_404(self, request, object_id) -> Run:
@@ -605,8 +609,8 @@ class RunAdmin(OperatorModelAdmin):
             return None
         if request.POST.get("post") != "yes":
             return self._cancel_confirmation(request, runs, action=True)
-        self._cancel(request, runs)
-        return None
+        results = self._cancel(request, runs)
+        return self.results_page(request, "cancel", runs, [operator_actions.cancel_result(r) for r in results])
 
     def cancel_view(self, request, object_id: int):
         """``<run>/cancel/``: GET asks for confirmation, POST cancels the run."""
@@ -635,6 +639,7 @@ class RunAdmin(OperatorModelAdmin):
             ],
             "action": action,
             "action_checkbox_name": helpers.ACTION_CHECKBOX_NAME,
+            "cap": CANCEL_MAX_RUNS,
         }
         return TemplateResponse(request, "admin/cells/run/cancel_confirmation.html", context)
 

@@ -24,7 +24,7 @@ from .runs import RunCell
 
 log = logging.getLogger("cells.operations")
 
-__all__ = ["CancelResult", "cancel_run"]
+__all__ = ["CancelResult", "apply_as_client", "cancel_run", "write_client_index"]
 
 
 @dataclass
@@ -69,19 +69,46 @@ def cancel_run(run_id: str) -> CancelResult:
     if status == "cancelled":
         return CancelResult(run_id, False, "already cancelled; nothing to do")
 
-    outcome = RunCell(run_id).apply_event({"runId": run_id, "data": {"eventType": "run_cancelled"}})
+    outcome, index_error = apply_as_client(run_id, {"runId": run_id, "data": {"eventType": "run_cancelled"}})
     if not outcome.get("ok"):
         return CancelResult(run_id, False, f"{outcome.get('code')}: {outcome.get('message')}")
 
     released = list(outcome.get("releasedHooks") or [])
     event = outcome.get("event") or {}
-    result = CancelResult(
-        run_id, True, "cancelled", event_id=event.get("eventId"), released_hooks=released
+    return CancelResult(
+        run_id, True, "cancelled", event_id=event.get("eventId"), released_hooks=released, index_error=index_error
     )
+
+
+def apply_as_client(run_id: str, request: dict) -> tuple[dict, str | None]:
+    """``applyEvent(request)`` on run cell ``run_id``, then the client's index writes; ``(outcome, index error)``.
+
+    The one way the console writes an event: ``RunCell.apply_event`` (the
+    event state machine, its transaction and guards), then — when the
+    outcome is ``ok`` — ``write_client_index``. A caller that applies the
+    event inside its own ``atomic`` block calls ``RunCell.apply_event`` there
+    and ``write_client_index`` after its commit instead.
+
+    Returns the outcome and None, or the text of an index failure. Raises
+    ValidationError for an invalid request; database errors propagate.
+    """
+    outcome = RunCell(run_id).apply_event(request)
+    if not outcome.get("ok"):
+        return outcome, None
+    return outcome, write_client_index(run_id, outcome)
+
+
+def write_client_index(run_id: str, outcome: dict) -> str | None:
+    """The index calls the JS client makes after an ``ok`` ``applyEvent`` outcome (§6.3); None or the failure.
+
+    In-process through the dispatch table (``index_calls_after_apply_event``,
+    the one definition). A failure is logged and returned as text, never
+    raised: the event stays committed and replaying it repairs the index.
+    """
     try:
         for method, args in index_calls_after_apply_event(run_id, outcome):
             dispatch.invoke(dispatch.lookup("index", method), INDEX_CELL, method, list(args))
-    except Exception as exc:  # noqa: BLE001 - the cancel committed; report the index failure
-        log.exception("run %s: cancelled, but updating the index failed", run_id)
-        result.index_error = f"{type(exc).__name__}: {exc}"
-    return result
+    except Exception as exc:  # noqa: BLE001 - the event committed; report the index failure
+        log.exception("run %s: event applied, but updating the index failed", run_id)
+        return f"{type(exc).__name__}: {exc}"
+    return None

@@ -15,7 +15,8 @@ left alone), records ``RunRepair(run, event sequence)`` — unique, so each
 stuck state is repaired at most once, across any number of sweeps and
 restarts — and enqueues, in the same transaction, the run's latest
 workflow message (``FlowMessageRecord``) again under a new message id and
-the idempotency key ``repair:<runId>:<event sequence>``.
+the idempotency key ``repair:<runId>:<event sequence>`` (``enqueue_once``,
+which the console's *Re-enqueue* and *Wake up* share).
 
 ``remember_flow_message`` keeps that record: it is called by the queue's
 ``enqueue`` (``queueing.service``) for every stored ``__wkf_workflow_*``
@@ -41,8 +42,8 @@ from .models.tombstone import FlowMessageRecord, RunRepair
 
 log = logging.getLogger("cells.repair")
 
-__all__ = ["ReconcileReport", "StuckRun", "find_stuck", "reconcile", "remember_flow_message", "repair_run",
-           "repairs_total"]
+__all__ = ["ReconcileReport", "StuckRun", "enqueue_once", "find_stuck", "lock_run", "open_waits", "reconcile",
+           "remember_flow_message", "repair_run", "repairs_total"]
 
 #: Runs examined per reconcile tick (keyset scan over run cells, resumed where the last tick stopped).
 SCAN_BATCH = 500
@@ -147,21 +148,32 @@ def parked(cell_id: int, now_ms: int) -> str | None:
     """
     if _rows(f'SELECT 1 FROM "{_HK}" WHERE "run_id" = %s LIMIT 1', [cell_id]):
         return "open hook"
+    for resume_at in open_waits(cell_id).values():
+        if hasattr(resume_at, "tzinfo") and codec.epoch_ms(resume_at) > now_ms:
+            return f"wait until {codec.format_iso(resume_at)}"
+    return None
+
+
+def open_waits(cell_id: int) -> dict[str | None, Any]:
+    """The open waits (sleeps) of run cell ``cell_id``: ``{correlationId: resumeAt}`` in log order.
+
+    A wait is open from its ``wait_created`` until a ``wait_completed`` with
+    the same ``correlationId`` (protocol.md §5.6); ``resumeAt`` is the
+    ``wait_created`` event's (a datetime, or whatever the client sent, None
+    when absent). Used by ``parked`` and the console's *Wake up*.
+    """
     waits = _rows(
         f'SELECT "event_type", "correlation_id", "body" FROM "{_EV}" WHERE "run_id" = %s '
         f'AND "event_type" IN (%s, %s) ORDER BY "event_id"',
         [cell_id, "wait_created", "wait_completed"],
     )
-    open_waits: dict[str | None, Any] = {}
+    found: dict[str | None, Any] = {}
     for kind, corr, body in waits:
         if kind == "wait_created":
-            open_waits[corr] = (codec.decode(body).get("eventData") or {}).get("resumeAt")
+            found[corr] = (codec.decode(body).get("eventData") or {}).get("resumeAt")
         else:
-            open_waits.pop(corr, None)
-    for resume_at in open_waits.values():
-        if hasattr(resume_at, "tzinfo") and codec.epoch_ms(resume_at) > now_ms:
-            return f"wait until {codec.format_iso(resume_at)}"
-    return None
+            found.pop(corr, None)
+    return found
 
 
 def check(cell_id: int, run_id: str, status: str, sequence: int, now_ms: int, after_ms: int) -> StuckRun | None:
@@ -243,10 +255,8 @@ def repair_run(stuck: StuckRun, now_ms: int | None = None, *, after_ms: int | No
     moved on (another event, a message, terminal, expired), is parked, has
     no recorded workflow message, or this state was already repaired.
     Raises nothing for those; a failing enqueue (e.g. CONFIG_MISMATCH) is
-    logged and returns None.
+    logged and returns None. The re-enqueue itself is ``enqueue_once``.
     """
-    from queueing import machine
-
     now_ms = clock.now_ms() if now_ms is None else now_ms
     after_ms = threshold_ms() if after_ms is None else after_ms
     if after_ms is None:
@@ -262,33 +272,78 @@ def repair_run(stuck: StuckRun, now_ms: int | None = None, *, after_ms: int | No
             return None
         if check(cell_id, stuck.run_id, status, sequence, now_ms, after_ms) is None:
             return None
-        record = FlowMessageRecord.objects.filter(run_id=stuck.run_id).first()
-        if record is None:
+        message_id, why = enqueue_once(stuck.run_id, sequence, now_ms, idle_since=stuck.idle_since)
+        if message_id is None:
+            if why.startswith("the queue refused"):
+                log.error("repair of run %s: %s", stuck.run_id, why)
             return None
-        try:
-            with transaction.atomic():
-                RunRepair.objects.create(
-                    run_id=stuck.run_id, event_sequence=sequence, message_id="", queue_cell=record.queue_cell,
-                    idle_since=stuck.idle_since, repaired_at=now_ms,
-                )
-        except IntegrityError:
-            return None  # this state was repaired already
-        request = machine.EnqueueRequest(
-            message_id=_new_message_id(now_ms), queue_name=record.queue_name, pathname=record.pathname,
-            body=codec.decode(record.body), target_base_url=record.target_base_url,
-            queue_shards=record.queue_shards, idempotency_key=repair_key(stuck.run_id, sequence),
-            run_id=stuck.run_id,
-        )
-        answer = machine.enqueue(record.queue_cell, request, now_ms)
-        if not answer.get("ok"):
-            log.error("repair of run %s: enqueue refused: %s", stuck.run_id, answer)
-            transaction.set_rollback(True)
-            return None
-        RunRepair.objects.filter(run_id=stuck.run_id, event_sequence=sequence).update(message_id=answer["messageId"])
     _count_repair()
     log.info("repaired stuck run %s (event %d, idle since %d): message %s", stuck.run_id, sequence,
-             stuck.idle_since, answer["messageId"])
-    return answer["messageId"]
+             stuck.idle_since, message_id)
+    return message_id
+
+
+class _EnqueueRefused(Exception):
+    """Rolls back ``enqueue_once``'s savepoint when the queue refuses the message."""
+
+
+def enqueue_once(run_id: str, sequence: int, now_ms: int, *, idle_since: int) -> tuple[str | None, str]:
+    """Enqueue run ``run_id``'s recorded workflow message once for its state ``sequence``; ``(message id, "")``.
+
+    THE re-enqueue rule, shared by stuck-run repair (``repair_run``) and the
+    console's *Re-enqueue* and *Wake up* (``cells.operator_actions``). The
+    caller holds the run cell's lock (``lock_run``) in its transaction and
+    has checked the run. In a savepoint: insert ``RunRepair(run, sequence)``
+    — unique, so a state is re-enqueued at most once, by anyone — then
+    enqueue the run's ``FlowMessageRecord`` (queue, body, pinned target and
+    shard count as the app sent it) under a fresh message id and the
+    idempotency key ``repair_key(run, sequence)``.
+
+    Args:
+        run_id: the run; sequence: its current event sequence number.
+        now_ms: epoch ms; idle_since: epoch ms recorded as "stuck since".
+
+    Returns ``(None, why)`` and changes nothing when no workflow message was
+    ever recorded for the run, this state was re-enqueued already (``why``
+    names that message), or the queue refused (CONFIG_MISMATCH, RUN_EXPIRED).
+    Database errors propagate.
+    """
+    from queueing import machine
+
+    record = FlowMessageRecord.objects.filter(run_id=run_id).first()
+    if record is None:
+        return None, "no workflow message was ever recorded for it, so its queue and target are unknown"
+    try:
+        with transaction.atomic():
+            RunRepair.objects.create(
+                run_id=run_id, event_sequence=sequence, message_id="", queue_cell=record.queue_cell,
+                idle_since=idle_since, repaired_at=now_ms,
+            )
+            request = machine.EnqueueRequest(
+                message_id=_new_message_id(now_ms), queue_name=record.queue_name, pathname=record.pathname,
+                body=codec.decode(record.body), target_base_url=record.target_base_url,
+                queue_shards=record.queue_shards, idempotency_key=repair_key(run_id, sequence), run_id=run_id,
+            )
+            answer = machine.enqueue(record.queue_cell, request, now_ms)
+            if not answer.get("ok"):
+                raise _EnqueueRefused(f"the queue refused the message: {answer.get('code')}: {answer.get('message')}")
+            RunRepair.objects.filter(run_id=run_id, event_sequence=sequence).update(message_id=answer["messageId"])
+    except IntegrityError:
+        done = RunRepair.objects.filter(run_id=run_id, event_sequence=sequence).values_list("message_id", flat=True)
+        return None, f"already re-enqueued in this state (event {sequence}): message {done.first() or '?'}"
+    except _EnqueueRefused as refused:
+        return None, str(refused)
+    return answer["messageId"], ""
+
+
+def lock_run(run_id: str) -> tuple | None:
+    """Lock run cell ``run_id`` in the current transaction; ``(cell id, event sequence, expired, status)`` or None.
+
+    ``FOR UPDATE`` of the cell row on PostgreSQL (SQLite's IMMEDIATE
+    transaction already serialises writers); the status is read after the
+    lock is granted.
+    """
+    return _lock(run_id)
 
 
 @dataclass

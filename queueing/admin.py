@@ -39,6 +39,7 @@ from worldcell.admin_site import (
 )
 
 from . import config
+from .admin_redrive_url import RedriveEditedUrlMixin
 from .models import DeadLetter, Message, QueueCell
 from .operations import purge_all_dead_letters, purge_selected_dead_letters, redrive_dead_letters
 from .service import QueueCell as QueueCellService
@@ -398,7 +399,7 @@ class MessageAdmin(_StoredMessageAdmin, OperatorModelAdmin):
 # --------------------------------------------------------------------------- dead letters
 
 
-class DeadLetterAdmin(_StoredMessageAdmin, OperatorModelAdmin):
+class DeadLetterAdmin(RedriveEditedUrlMixin, _StoredMessageAdmin, OperatorModelAdmin):
     """Dead letters with "Redrive", "Purge" and "Purge all…" (see the module docstring)."""
 
     list_display = (
@@ -530,6 +531,7 @@ class DeadLetterAdmin(_StoredMessageAdmin, OperatorModelAdmin):
             path("purge-all/", wrap(self.purge_all_view), name="%s_%s_purge_all" % info),
             path("<int:object_id>/redrive/", wrap(self.redrive_one_view), name="%s_%s_redrive" % info),
             path("<int:object_id>/purge/", wrap(self.purge_one_view), name="%s_%s_purge" % info),
+            *self.redrive_url_urls(),  # queueing.admin_redrive_url
         ] + super().get_urls()
 
     def purge_all_view(self, request):
@@ -601,6 +603,7 @@ class DeadLetterAdmin(_StoredMessageAdmin, OperatorModelAdmin):
         if obj is not None:
             context["can_redrive"] = self.has_redrive_permission(request)
             context["can_purge"] = self.has_purge_permission(request)
+            context["can_redrive_url"] = self.has_redrive_edited_url_permission(request)
             context["title"] = f"Dead letter {obj.message_id}"
             context["subtitle"] = None
         return super().render_change_form(request, context, add, change, form_url, obj)

@@ -170,6 +170,7 @@ class DeadLetter(models.Model):
         permissions = [
             ("redrive_deadletter", "Can redrive dead letters"),
             ("purge_deadletter", "Can purge dead letters"),
+            ("redrive_edited_url", "Can redrive dead letters to an edited target URL"),
         ]
         constraints = [
             models.UniqueConstraint(fields=["cell", "dlq_key"], name="queue_deadletter_unique_key"),

@@ -21,7 +21,8 @@ from . import wake
 from .models import DeadLetter, Message, QueueCell
 from .service import QueueCell as QueueCellService
 
-__all__ = ["RedriveResult", "purge_all_dead_letters", "purge_selected_dead_letters", "redrive_dead_letters"]
+__all__ = ["RedriveResult", "check_target_url", "purge_all_dead_letters", "purge_selected_dead_letters",
+           "redrive_dead_letters", "redrive_to_url"]
 
 
 @dataclass(frozen=True)
@@ -69,6 +70,59 @@ def redrive_dead_letters(dead_letters: Iterable[DeadLetter]) -> list[RedriveResu
         else:
             results.append(RedriveResult(name, dead.message_id, False, _refusal_reason(name, dead)))
     return results
+
+
+def check_target_url(text: str) -> tuple[str | None, str]:
+    """``(the URL, "")`` when ``text`` can be a message's target base URL, else ``(None, why)``.
+
+    A target base URL is absolute ``http`` or ``https`` with a host
+    (deliveries POST to ``<it>/.well-known/workflow/v1/<pathname>``,
+    protocol.md §7.11), no query or fragment, storable text of at most
+    ``TARGET_BASE_URL_MAX_BYTES`` bytes; surrounding blanks are dropped.
+    """
+    from urllib.parse import urlsplit
+
+    from worldcell.keys import storable_text
+
+    from .service import TARGET_BASE_URL_MAX_BYTES
+
+    url = (text or "").strip()
+    if not url:
+        return None, "enter a URL"
+    if not storable_text(url) or any(c.isspace() or ord(c) < 32 for c in url):
+        return None, "the URL contains spaces or control characters"
+    if len(url.encode("utf-8")) > TARGET_BASE_URL_MAX_BYTES:
+        return None, f"the URL is longer than {TARGET_BASE_URL_MAX_BYTES} bytes"
+    try:
+        parts = urlsplit(url)
+        parts.port  # noqa: B018 - raises ValueError for a bad port
+    except ValueError as exc:
+        return None, f"not a valid URL ({exc})"
+    if parts.scheme not in ("http", "https"):
+        return None, "the URL must start with http:// or https://"
+    if not parts.hostname:
+        return None, "the URL must name a host (an absolute URL such as https://app.example.com)"
+    if parts.query or parts.fragment or "?" in url or "#" in url:
+        return None, "a target base URL has no query or fragment"
+    return url, ""
+
+
+def redrive_to_url(dead: DeadLetter, target_base_url: str) -> RedriveResult:
+    """Redrive ``dead`` (a ``DeadLetter`` with its cell) to ``target_base_url`` instead of its own target.
+
+    The URL is checked first (``check_target_url``; refused: nothing
+    changes). Then the queue machine's redrive (one transaction, the cell
+    locked) with the new target on the message — this message only; the
+    cell's other messages and the app's later enqueues keep theirs.
+    """
+    url, why = check_target_url(target_base_url)
+    name = dead.cell.name
+    if url is None:
+        return RedriveResult(name, dead.message_id, False, f"invalid target URL: {why}")
+    outcome = QueueCellService(name).redrive_dead_letter(dead.message_id, target_base_url=url)
+    if outcome.get("ok"):
+        return RedriveResult(name, dead.message_id, True)
+    return RedriveResult(name, dead.message_id, False, _refusal_reason(name, dead))
 
 
 def purge_selected_dead_letters(cell_name: str, dlq_keys: Iterable[str]) -> int:

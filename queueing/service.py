@@ -173,8 +173,12 @@ class QueueCell:
             _storable(cursor, "params.cursor")
         return machine.list_dead_letters(self.name, limit, cursor)
 
-    def redrive_dead_letter(self, message_id: Any = None) -> dict[str, bool]:
-        """``redriveDeadLetter([messageId])`` -> ``{"ok":bool}`` (§7.9); unknown ids give ``{"ok":false}``."""
+    def redrive_dead_letter(self, message_id: Any = None, *, target_base_url: str | None = None) -> dict[str, bool]:
+        """``redriveDeadLetter([messageId])`` -> ``{"ok":bool}`` (§7.9); unknown ids give ``{"ok":false}``.
+
+        ``target_base_url`` (keyword only, never from the wire): the console's
+        redrive to an edited URL, validated by ``queueing.operations.check_target_url``.
+        """
         if not isinstance(message_id, str) or "\x00" in message_id:
             return {"ok": False}
         try:
@@ -182,7 +186,7 @@ class QueueCell:
                 return {"ok": False}  # no message with such an id can exist
         except UnicodeEncodeError:
             return {"ok": False}
-        return machine.redrive_dead_letter(self.name, message_id)
+        return machine.redrive_dead_letter(self.name, message_id, target_base_url=target_base_url)
 
     def purge_dead_letters(self) -> dict[str, int]:
         """``purgeDeadLetters([])`` -> ``{"purged": n}`` (§7.9)."""

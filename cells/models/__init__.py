@@ -3,3 +3,4 @@ from .index import *  # noqa: F401,F403
 from .runs import *  # noqa: F401,F403
 from .streams import *  # noqa: F401,F403
 from .tombstone import *  # noqa: F401,F403
+from .lineage import *  # noqa: F401,F403

@@ -140,8 +140,13 @@ class Run(EntityRow, models.Model):
 
     class Meta:
         verbose_name = "run"
-        # Operator actions beyond viewing (the admin's "Cancel run").
-        permissions = [("cancel_run", "Can cancel runs (records a run_cancelled event)")]
+        # Operator actions beyond viewing (the console's run actions, docs/operations.md "Console actions").
+        permissions = [
+            ("cancel_run", "Can cancel runs (records a run_cancelled event)"),
+            ("rerun_run", "Can re-run runs (starts a new run with the same input)"),
+            ("wake_run", "Can wake up runs (completes their pending sleeps)"),
+            ("reenqueue_run", "Can re-enqueue the workflow message of runs"),
+        ]
         indexes = [
             models.Index(fields=["status"], name="cells_run_status_idx"),
             models.Index(fields=["workflow_name"], name="cells_run_workflow_idx"),

@@ -105,13 +105,18 @@ def list_dead_letters(cell_name: str, limit: int = 100, cursor: str | None = Non
     return result
 
 
-def redrive_dead_letter(cell_name: str, message_id: str, now: int | None = None) -> dict[str, bool]:
+def redrive_dead_letter(cell_name: str, message_id: str, now: int | None = None, *,
+                        target_base_url: str | None = None) -> dict[str, bool]:
     """Move the first dead letter (in key order) of ``message_id`` back to the queue (§7.9).
 
     The message starts over: attempt 0, no last error, ``enqueuedAt`` and
     ``targetBaseUrl`` kept, due now, ``armAlarmAtMost(now)``. Refuses with
     ``{"ok": False}`` (changing nothing) when another live message holds its
     idempotency key, or when there is no such dead letter.
+
+    ``target_base_url``: the console's "redrive to an edited URL" — the
+    message goes to this base URL instead (already validated by the caller,
+    ``queueing.operations.check_target_url``); the wire method never sets it.
     """
     with transaction.atomic():
         cell, now = _lock_and_wake(cell_name, now)
@@ -128,7 +133,7 @@ def redrive_dead_letter(cell_name: str, message_id: str, now: int | None = None)
             queue_name=dead.queue_name,
             pathname=dead.pathname,
             body=dead.body,
-            target_base_url=dead.target_base_url,
+            target_base_url=dead.target_base_url if target_base_url is None else target_base_url,
             idempotency_key=dead.idempotency_key,
             enqueued_at=dead.enqueued_at,
             due_at=now,
