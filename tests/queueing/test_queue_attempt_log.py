@@ -163,3 +163,13 @@ def test_the_minute_series_sums_shards_per_queue_name_and_minute(queue, sink, vc
     delivered = series["queues"]["__wkf_step_test"]["delivered"]
     assert delivered[-1] == 5 and delivered[-2] == 2 and sum(delivered) == 7
     assert series["totals"]["delivered"] == 7
+
+
+def test_the_lifecycle_tick_prunes_old_minutes(queue, sink, vclock):
+    from cells import ticker
+
+    OutcomeMinute.objects.create(cell_id=1, queue_name="q", minute=vclock.now // 60_000 - attempt_log.KEEP_MINUTES - 5,
+                                 delivered=1)
+    OutcomeMinute.objects.create(cell_id=1, queue_name="q", minute=vclock.now // 60_000, delivered=1)
+    ticker.tick()
+    assert list(OutcomeMinute.objects.values_list("minute", flat=True)) == [vclock.now // 60_000]
