@@ -105,45 +105,44 @@ def answer_head_text(head: bytes | None) -> str | None:
 
 # --------------------------------------------------------------------------- the SQL, written once
 
-#: One entry: message pk, claim token, queue name, counter, logged?, cleared?, message id, attempt,
-#: started at, duration, status, error, answer head, result.
-_ENTRY = (
-    "(CAST(%s AS BIGINT), CAST(%s AS VARCHAR(32)), CAST(%s AS TEXT), CAST(%s AS TEXT), CAST(%s AS INTEGER), "
-    "CAST(%s AS INTEGER), CAST(%s AS TEXT), CAST(%s AS INTEGER), CAST(%s AS BIGINT), CAST(%s AS INTEGER), "
-    "CAST(%s AS INTEGER), CAST(%s AS TEXT), CAST(%s AS TEXT), CAST(%s AS TEXT))"
+#: What each statement reads per outcome (``"v"``): the claim (pk, token) for the "applied" test, then its own columns.
+_COUNTED = ("(CAST(%s AS BIGINT), CAST(%s AS VARCHAR(32)), CAST(%s AS TEXT), CAST(%s AS TEXT))",
+            '"pk", "token", "queue_name", "counter"')
+_LOGGED_ROW = (
+    "(CAST(%s AS BIGINT), CAST(%s AS VARCHAR(32)), CAST(%s AS TEXT), CAST(%s AS INTEGER), CAST(%s AS BIGINT), "
+    "CAST(%s AS INTEGER), CAST(%s AS INTEGER), CAST(%s AS TEXT), CAST(%s AS TEXT), CAST(%s AS TEXT))",
+    '"pk", "token", "message_id", "attempt", "started_at", "duration_ms", "status", "error", "answer_head", "result"',
 )
-_ENTRY_COLUMNS = (
-    '"pk", "token", "queue_name", "counter", "logged", "cleared", "message_id", "attempt", "started_at", '
-    '"duration_ms", "status", "error", "answer_head", "result"'
-)
+_CLEARED_ROW = ("(CAST(%s AS BIGINT), CAST(%s AS VARCHAR(32)), CAST(%s AS TEXT))", '"pk", "token", "message_id"')
 
 
-def _entries(n: int) -> str:
-    return f'WITH "v"({_ENTRY_COLUMNS}) AS (VALUES {", ".join([_ENTRY] * n)}) '
+def _values(shape: tuple[str, str], n: int) -> str:
+    return f'WITH "v"({shape[1]}) AS (VALUES {", ".join([shape[0]] * n)}) '
 
 
 @lru_cache(maxsize=None)
-def _statements(n: int, logged: int, cleared: bool, applied: str) -> tuple[str, ...]:
-    """The statements recording ``n`` entries (``logged`` of them with an attempt row), in order.
+def _statements(n: int, logged: int, cleared: int, applied: str) -> tuple[str, ...]:
+    """The statements recording ``n`` outcomes, ``logged`` of them with an attempt row, ``cleared`` acks, in order.
 
-    ``applied`` is SQL over the entry ``"v"`` that holds for an outcome the
-    transaction applied (``TRUE`` when only applied ones are passed).
-    Parameters of each: the entries, then the cell id (and for the counters
-    the minute; for the cap the logged message ids and the cap).
+    ``applied`` is SQL over the outcome ``"v"`` (its ``"pk"`` and
+    ``"token"``) that holds for an outcome the transaction applied (``TRUE``
+    when only applied ones are passed). Parameters of each: its rows, then
+    the cell id (the counters: and the minute; the cap: the logged message
+    ids and the cap instead of rows).
     """
     sums = ", ".join(f'SUM(CASE WHEN "v"."counter" = \'{c}\' THEN 1 ELSE 0 END)' for c in COUNTERS)
     adds = ", ".join(f'"{c}" = "{O}"."{c}" + EXCLUDED."{c}"' for c in COUNTERS)
     out = [
-        f'{_entries(n)}INSERT INTO "{O}" ("cell_id", "queue_name", "minute", {", ".join(COUNTERS)}) '
+        f'{_values(_COUNTED, n)}INSERT INTO "{O}" ("cell_id", "queue_name", "minute", {", ".join(COUNTERS)}) '
         f'SELECT %s, "v"."queue_name", %s, {sums} FROM "v" WHERE {applied} GROUP BY "v"."queue_name" '
         f'ON CONFLICT ("cell_id", "queue_name", "minute") DO UPDATE SET {adds}'
     ]
     if logged:
         out.append(
-            f'{_entries(n)}INSERT INTO "{A}" ("cell_id", "message_id", "attempt", "started_at", "duration_ms", '
-            '"status", "error", "answer_head", "result") '
+            f'{_values(_LOGGED_ROW, logged)}INSERT INTO "{A}" ("cell_id", "message_id", "attempt", "started_at", '
+            '"duration_ms", "status", "error", "answer_head", "result") '
             'SELECT %s, "message_id", "attempt", "started_at", "duration_ms", "status", "error", "answer_head", '
-            f'"result" FROM "v" WHERE "v"."logged" = 1 AND {applied}'
+            f'"result" FROM "v" WHERE {applied}'
         )
         out.append(
             f'DELETE FROM "{A}" WHERE "cell_id" = %s AND "message_id" IN ({", ".join(["%s"] * logged)}) '
@@ -152,8 +151,8 @@ def _statements(n: int, logged: int, cleared: bool, applied: str) -> tuple[str, 
         )
     if cleared:
         out.append(
-            f'{_entries(n)}DELETE FROM "{A}" WHERE "cell_id" = %s AND "message_id" IN '
-            f'(SELECT "message_id" FROM "v" WHERE "v"."cleared" = 1 AND {applied})'
+            f'{_values(_CLEARED_ROW, cleared)}DELETE FROM "{A}" WHERE "cell_id" = %s AND "message_id" IN '
+            f'(SELECT "message_id" FROM "v" WHERE {applied})'
         )
     return tuple(out)
 
@@ -162,28 +161,27 @@ def _plan(
     cell_id: int, items: Sequence[tuple[Any, Any, str]], now: int, applied: str
 ) -> list[tuple[str, list[Any]]]:
     """``(statement, params)`` pairs recording ``items`` = ``(claim, AttemptRecord, label)`` each."""
-    entries: list[Any] = []
+    counted: list[Any] = []
+    logged: list[Any] = []
     logged_ids: list[str] = []
-    cleared = False
+    cleared: list[Any] = []
     for claim, rec, label in items:
-        logged = label in _LOGGED
-        clears = label in _CLEARED and rec.may_have_log
-        cleared = cleared or clears
-        if logged:
+        counted += [claim.message_pk, claim.token, rec.queue_name, COUNTER_OF_LABEL[label]]
+        if label in _LOGGED:
             logged_ids.append(claim.message_id)
-        error = rec.error[:ERROR_CHARS] if rec.error else None
-        entries += [
-            claim.message_pk, claim.token, rec.queue_name, COUNTER_OF_LABEL[label], int(logged), int(clears),
-            claim.message_id, rec.attempt, rec.started_at, rec.duration_ms, rec.status, error,
-            answer_head_text(rec.answer_head), label,
-        ]
-    statements = _statements(len(items), len(logged_ids), cleared, applied)
-    params = [entries + [cell_id, now // 60_000]]
+            logged += [
+                claim.message_pk, claim.token, claim.message_id, rec.attempt, rec.started_at, rec.duration_ms,
+                rec.status, rec.error[:ERROR_CHARS] if rec.error else None, answer_head_text(rec.answer_head), label,
+            ]
+        elif label in _CLEARED and rec.may_have_log:
+            cleared += [claim.message_pk, claim.token, claim.message_id]
+    statements = _statements(len(items), len(logged_ids), len(cleared) // 3, applied)
+    params = [counted + [cell_id, now // 60_000]]
     if logged_ids:
-        params.append(entries + [cell_id])
+        params.append(logged + [cell_id])
         params.append([cell_id, *logged_ids, KEEP_PER_MESSAGE])
     if cleared:
-        params.append(entries + [cell_id])
+        params.append(cleared + [cell_id])
     return list(zip(statements, params))
 
 
