@@ -21,7 +21,7 @@ __all__ = ["LifecycleTicker", "tick"]
 
 
 def tick() -> bool:
-    """One retention sweep and one reconcile pass; True when the sweep left due work for another tick.
+    """One retention sweep, one reconcile pass, the queue console's pruning; True when the sweep left due work.
 
     Errors of either half are logged, never raised (the next tick retries).
     """
@@ -34,6 +34,13 @@ def tick() -> bool:
         repair.reconcile()
     except Exception:  # noqa: BLE001 - see docstring
         log.exception("stuck-run reconcile failed")
+    try:
+        from queueing import attempt_log, liveness
+
+        attempt_log.prune()  # old outcome minutes, attempts of gone messages (docs/queue-console.md)
+        liveness.prune()
+    except Exception:  # noqa: BLE001 - see docstring
+        log.exception("queue console pruning failed")
     return more
 
 

@@ -20,7 +20,7 @@ from typing import Any
 from django.contrib import admin, messages
 from django.contrib.admin.models import CHANGE, DELETION, LogEntry
 from django.core.exceptions import PermissionDenied
-from django.db.models import Count, Min, OuterRef, Q, Subquery, Value
+from django.db.models import Count, OuterRef, Q, Subquery, Value
 from django.db.models.functions import Coalesce
 from django.http import HttpResponseRedirect
 from django.shortcuts import get_object_or_404
@@ -38,7 +38,7 @@ from worldcell.admin_site import (
     status_badge,
 )
 
-from . import config
+from . import config, console
 from .admin_redrive_url import RedriveEditedUrlMixin
 from .models import DeadLetter, Message, QueueCell
 from .operations import purge_all_dead_letters, purge_selected_dead_letters, redrive_dead_letters
@@ -197,25 +197,22 @@ class QueueCellAdmin(OperatorModelAdmin):
     def pinned(self, obj: QueueCell) -> str:
         return format_epoch_ms(obj.pinned_at)
 
+    def get_urls(self):
+        info = self.opts.app_label, self.opts.model_name
+        return [
+            path("live/", self.admin_site.admin_view(self.live_view), name="%s_%s_live" % info),
+        ] + super().get_urls()
+
+    def live_view(self, request):
+        """``live/``: the dashboard's self-refreshing fragment (``queueing.console.live_context``), polled by htmx."""
+        if not self.has_view_or_change_permission(request):
+            raise PermissionDenied
+        return TemplateResponse(request, "admin/queueing/queuecell/live.html", console.live_context())
+
     def changelist_view(self, request, extra_context=None):
-        """The dashboard over all cells: fleet totals above the per-cell rows."""
-        now = clock.now_ms()
-        pending = Message.objects.filter(due_at__isnull=False).aggregate(n=Count("pk"), first=Min("due_at"))
-        totals = {
-            "cells": QueueCell.objects.count(),
-            "pending": pending["n"],
-            "inflight": Message.objects.filter(inflight_deadline__isnull=False).count(),
-            "dead": DeadLetter.objects.count(),
-        }
+        """The dashboard over all cells: the live fragment (totals, outcome chart, drivers) above the per-cell rows."""
         context = {
-            "totals": totals,
-            "oldest_due": _oldest_due(pending["first"], now),
-            "late_alarms": QueueCell.objects.filter(alarm_at__lt=now - ALARM_LATE_MS).count(),
-            "config": {
-                "max_attempts": config.max_attempts(),
-                "max_inflight": config.max_inflight(),
-                "delivery_timeout": format_duration_ms(config.delivery_timeout_ms()),
-            },
+            **console.live_context(),
             "lifecycle": _lifecycle_context(),
             **(extra_context or {}),
         }
@@ -287,6 +284,10 @@ class QueueCellAdmin(OperatorModelAdmin):
 # --------------------------------------------------------------------------- messages
 
 
+def _attempts_fieldset() -> tuple:
+    return ("Attempts", {"fields": ("attempt_log",), "description": "Failed POSTs, newest first (UTC)."})
+
+
 class _StoredMessageAdmin:
     """What the message and dead-letter pages share: exact search, body previews, the run link.
 
@@ -324,7 +325,11 @@ class _StoredMessageAdmin:
 
     @admin.display(description="body")
     def body_preview(self, obj) -> str:
-        return display.render_queue_body(display.stored_text(obj, "body"), inline=True, budget=LIST_PREVIEW_CHARS)
+        stored = display.stored_text(obj, "body")
+        return format_html(
+            '<div class="wc-clip" title="{}">{}</div>', console.body_title(stored),
+            display.render_queue_body(stored, inline=True, budget=LIST_PREVIEW_CHARS),
+        )
 
     @admin.display(description="body")
     def body_display(self, obj) -> str:
@@ -333,6 +338,10 @@ class _StoredMessageAdmin:
     @admin.display(description="run")
     def run(self, obj) -> str:
         return _run_link(display.stored_text(obj, "body")) or "—"
+
+    @admin.display(description="attempt log")
+    def attempt_log(self, obj) -> str:
+        return console.attempt_log_html(obj.cell_id, obj.message_id)
 
 
 class MessageAdmin(_StoredMessageAdmin, OperatorModelAdmin):
@@ -348,12 +357,13 @@ class MessageAdmin(_StoredMessageAdmin, OperatorModelAdmin):
                            "idempotency_key", "run")}),
         ("Delivery", {"fields": ("attempt", "deliveries", "last_status", "last_error", "last_attempt",
                                  "enqueued", "due", "claim_deadline", "delivery_started", "updated")}),
+        _attempts_fieldset(),
         ("Body", {"fields": ("body_display",)}),
     )
     readonly_fields = (
         "message_id", "cell", "state_badge", "queue_name", "pathname", "target_base_url", "idempotency_key", "run",
         "attempt", "deliveries", "last_status", "last_error", "last_attempt", "enqueued", "due", "claim_deadline",
-        "delivery_started", "updated", "body_display",
+        "delivery_started", "updated", "body_display", "attempt_log",
     )
 
     @admin.display(description="state")
@@ -414,11 +424,12 @@ class DeadLetterAdmin(RedriveEditedUrlMixin, _StoredMessageAdmin, OperatorModelA
         (None, {"fields": ("message_id", "cell", "dlq_key", "queue_name", "pathname", "target_base_url",
                            "idempotency_key", "run")}),
         ("Failure", {"fields": ("attempt", "deliveries", "last_status", "last_error", "enqueued", "failed")}),
+        _attempts_fieldset(),
         ("Body", {"fields": ("body_display",)}),
     )
     readonly_fields = (
         "message_id", "cell", "dlq_key", "queue_name", "pathname", "target_base_url", "idempotency_key", "run",
-        "attempt", "deliveries", "last_status", "last_error", "enqueued", "failed", "body_display",
+        "attempt", "deliveries", "last_status", "last_error", "enqueued", "failed", "body_display", "attempt_log",
     )
 
     # ------------------------------------------------------------------ columns

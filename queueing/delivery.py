@@ -23,12 +23,12 @@ import logging
 import math
 import re
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field, replace
 from typing import Callable
 
-from worldcell import metrics
+from worldcell import clock, metrics
 
-from . import config, httpclient, lease, machine
+from . import attempt_log, config, httpclient, lease, machine
 from .machine import Claim, DeliveryRow
 
 log = logging.getLogger("queueing.delivery")
@@ -59,13 +59,16 @@ class Outcome:
     (503 with numeric ``timeoutSeconds``) or ``"retry"`` (everything else).
     ``status`` is the HTTP status (None for a transport error); ``reason`` the
     retry reason (``HTTP <status>`` / ``transport error: <text>``);
-    ``timeout_seconds`` the 503 delay.
+    ``timeout_seconds`` the 503 delay; ``answer_head`` the first bytes of
+    the answer of a failed POST (``attempt_log.HEAD_BYTES`` at most; not
+    compared).
     """
 
     kind: str
     status: int | None = None
     reason: str | None = None
     timeout_seconds: float | None = None
+    answer_head: bytes | None = field(default=None, compare=False, repr=False)
 
 
 @dataclass(frozen=True)
@@ -152,6 +155,11 @@ def _body_cap(status: int) -> int | None:
     return _MAX_503_BODY if status == 503 else None
 
 
+def _head_cap(status: int) -> int:
+    """Answer bytes kept for the attempt log: none for a 2xx or a permanent refusal (nothing is logged then)."""
+    return 0 if 200 <= status <= 299 or status in PERMANENT_STATUSES else attempt_log.HEAD_BYTES
+
+
 def _transport_error(exc: BaseException) -> Outcome:
     text = str(exc)
     if not text.startswith("TypeError:"):
@@ -185,8 +193,9 @@ def post_message(row: DeliveryRow, *, timeout_ms: int | None = None, callback_se
         url = delivery_url(row.target_base_url, row.pathname)
         # a 503's body (for timeoutSeconds) is read within the same deadline;
         # an unreadable, too large or too slow body counts as "not JSON"
-        status, body = httpclient.post(url, _utf8(row.body), headers, timeout_ms, _body_cap)
-        return classify(status, body)
+        status, body, head = httpclient.post_answer(url, _utf8(row.body), headers, timeout_ms, _body_cap, _head_cap)
+        outcome = classify(status, body)
+        return replace(outcome, answer_head=head) if head else outcome
     except Exception as exc:  # noqa: BLE001 - every failure before an answer is a transport error
         return _transport_error(exc)
 
@@ -221,10 +230,15 @@ def deliver_claim(
     if leases is not None:
         leases.hold(claim)
     try:
+        started_at = clock.now_ms()
         started = time.monotonic()
         outcome = post_message(row)
         elapsed_ms = (time.monotonic() - started) * 1000
         want_next = claim_next() if callable(claim_next) else claim_next
+        record = attempt_log.AttemptRecord(
+            row.queue_name, row.attempt + 1, started_at, round(elapsed_ms), outcome.status,
+            outcome.reason, outcome.answer_head, may_have_log=row.deliveries > 1 or row.attempt > 0,
+        )
         result = machine.apply_outcome(
             claim,
             row,
@@ -233,6 +247,7 @@ def deliver_claim(
             reason=outcome.reason,
             timeout_seconds=outcome.timeout_seconds,
             claim_next=want_next,
+            attempt=record,
         )
     finally:
         if leases is not None:

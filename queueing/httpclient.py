@@ -60,6 +60,7 @@ __all__ = [
     "WriteError",
     "WriteTimeout",
     "post",
+    "post_answer",
 ]
 
 MAX_IDLE_PER_ORIGIN = 64
@@ -241,14 +242,30 @@ def post(
     timeout_ms: int,
     read_body: Callable[[int], int | None] | None = None,
 ) -> tuple[int, bytes | None]:
-    """POST ``body`` to ``url``; ``(status, answer body)`` within ``timeout_ms`` in total.
+    """POST ``body`` to ``url``; ``(status, answer body)`` within ``timeout_ms`` in total (``post_answer``'s first two)."""
+    status, data, _ = post_answer(url, body, headers, timeout_ms, read_body)
+    return status, data
+
+
+def post_answer(
+    url: str,
+    body: bytes,
+    headers: list[tuple[bytes, bytes]],
+    timeout_ms: int,
+    read_body: Callable[[int], int | None] | None = None,
+    keep_head: Callable[[int], int] | None = None,
+) -> tuple[int, bytes | None, bytes | None]:
+    """POST ``body`` to ``url``; ``(status, answer body, answer head)`` within ``timeout_ms`` in total.
 
     ``headers`` are ``(name, value)`` byte strings sent as given, after
     ``host`` and before ``content-length``; a value with control characters
     raises ``ValueError`` before anything is sent. The answer body is
     returned when ``read_body(status)`` gives a cap and the body fits in it
     (else None; small bodies are still drained so the connection can be
-    reused). Raises ``TransportError`` when there is no usable answer.
+    reused). ``keep_head(status)`` > 0 also returns the answer's first that
+    many bytes (for the attempt log; a body longer than ``_MAX_DRAIN`` or of
+    unknown length is then read that far and its connection not reused, as
+    an undrained one). Raises ``TransportError`` when there is no usable answer.
     """
     parts = urlsplit(url)
     scheme = parts.scheme.lower()
@@ -286,19 +303,24 @@ def post(
         resp = http.client.HTTPResponse(sock, method="POST")
         resp.begin()
         status = resp.status
-        data = None
+        data = head = None
         cap = read_body(status) if read_body is not None else None
+        want_head = keep_head(status) if keep_head is not None else 0
         try:
             if cap is not None:
                 data = resp.read(cap + 1)
+                head = data[:want_head] if want_head > 0 else None
                 if len(data) > cap:
                     data = None
             elif resp.length is not None and resp.length <= _MAX_DRAIN:
-                resp.read()
+                rest = resp.read()
+                head = rest[:want_head] if want_head > 0 else None
+            elif want_head > 0:
+                head = resp.read(want_head)
         except (OSError, http.client.HTTPException, TransportError):
             data = None  # the status line decides; an unreadable body is "no body"
         keep = resp.isclosed() and not resp.will_close
-        return status, data
+        return status, data, head
     except TransportError:
         raise
     except socket.timeout as exc:

@@ -30,7 +30,7 @@ from django.db.models import Q
 from worldcell import codec
 from worldcell.fields import BytewiseTextField  # also the path the migrations name
 
-__all__ = ["BytewiseTextField", "DeadLetter", "Message", "QueueCell"]
+__all__ = ["BytewiseTextField", "DeadLetter", "DeliveryAttempt", "Message", "OutcomeMinute", "QueueCell"]
 
 
 class QueueCell(models.Model):
@@ -187,3 +187,59 @@ class DeadLetter(models.Model):
     def body_text(self) -> str:
         """The body exactly as the client sent it."""
         return codec.decode(self.body)
+
+
+class DeliveryAttempt(models.Model):
+    """One POST of a queue message that did not end its life: when, how long, what came back (docs/queue-console.md).
+
+    Written by ``queueing.attempt_log`` in the outcome's own transaction (a
+    counted retry, a 503 redelivery, the attempt that dead-lettered it); an
+    ack or drop deletes the message's attempts with it. Keyed by
+    ``(cell_id, message_id)`` so the log outlives the move to ``DeadLetter``
+    and continues after a redrive; at most ``attempt_log.KEEP_PER_MESSAGE``
+    rows per message. No foreign key: the row must not block or cascade
+    with the message (retention prunes orphans, ``attempt_log.prune``).
+    """
+
+    cell_id = models.BigIntegerField()
+    message_id = BytewiseTextField()
+    attempt = models.IntegerField(help_text="x-vqs-message-attempt of the POST")
+    started_at = models.BigIntegerField(help_text="epoch ms the POST started")
+    duration_ms = models.IntegerField(help_text="ms from the start of the POST to its answer or error")
+    status = models.IntegerField(null=True, blank=True, help_text="HTTP status; NULL for a transport error")
+    error = models.TextField(null=True, blank=True, help_text="the retry reason (transport error text, HTTP <n>)")
+    answer_head = models.TextField(
+        null=True, blank=True, help_text="the first bytes of the answer body (attempt_log.HEAD_BYTES at most)"
+    )
+    result = models.TextField(help_text="what the outcome did: retry scheduled, redelivery scheduled, dead-lettered")
+
+    class Meta:
+        verbose_name = "delivery attempt"
+        indexes = [models.Index(fields=["cell_id", "message_id", "id"], name="queue_attempt_message")]
+
+    def __str__(self) -> str:
+        return f"{self.message_id} #{self.attempt}"
+
+
+class OutcomeMinute(models.Model):
+    """Counters of applied delivery outcomes per (queue cell, queue name, minute) (docs/queue-console.md).
+
+    Upserted in the outcome's own transaction under the cell's lock, so no
+    writer ever waits on it; the dashboard sums the shards. ``minute`` is
+    ``epoch ms // 60000``. Pruned after ``attempt_log.KEEP_MINUTES``.
+    """
+
+    cell_id = models.BigIntegerField()
+    queue_name = models.TextField()
+    minute = models.BigIntegerField(help_text="epoch ms // 60000")
+    delivered = models.IntegerField(default=0, help_text="acked (2xx)")
+    dropped = models.IntegerField(default=0, help_text="permanently refused (404/409/410/422)")
+    retried = models.IntegerField(default=0, help_text="counted retries and 503 redeliveries")
+    dead_lettered = models.IntegerField(default=0)
+
+    class Meta:
+        verbose_name = "outcome minute"
+        constraints = [
+            models.UniqueConstraint(fields=["cell_id", "queue_name", "minute"], name="queue_outcome_minute_unique"),
+        ]
+        indexes = [models.Index(fields=["minute"], name="queue_outcome_minute")]

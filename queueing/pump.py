@@ -69,7 +69,7 @@ from django.db import DatabaseError, close_old_connections, connections
 
 from worldcell import clock
 
-from . import config, delivery, lease, machine, wake
+from . import config, delivery, lease, liveness, machine, wake
 from .machine import Claim
 
 log = logging.getLogger("queueing.pump")
@@ -282,6 +282,7 @@ class LocalPump:
                 try:
                     self._check_connection()
                     self.tick()
+                    liveness.touch_pump()  # the console's "pumps" (rate-limited, never raises)
                 except Exception as exc:  # noqa: BLE001 - e.g. the database is briefly unavailable
                     log.exception("queue pump: tick failed")
                     if isinstance(exc, DatabaseError):

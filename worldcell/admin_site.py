@@ -224,7 +224,7 @@ def _relative(delta_ms: int) -> str:
 def format_datetime(
     value: datetime | None, *, now_ms: int | None = None, relative: bool = False, same_day_as: datetime | None = None
 ) -> str:
-    """A datetime as ``2026-01-02 03:04:05.678`` (UTC; ISO in the tooltip), optionally with "(3 s ago)".
+    """A datetime as ``2026-01-02 03:04:05.678 UTC`` (ISO in the tooltip), optionally with "(3 s ago)".
 
     ``same_day_as``: when ``value`` falls on that UTC date, only the time of
     day is shown (``03:04:05.678``) — for tables of one run's steps and events.
@@ -235,6 +235,7 @@ def format_datetime(
     text = iso.replace("T", " ").rstrip("Z")
     if same_day_as is not None and codec.format_iso(same_day_as)[:10] == iso[:10]:
         text = text[11:]
+    text += " UTC"
     if not relative:
         return format_html('<span class="wc-time" title="{}">{}</span>', iso, text)
     now_ms = clock.now_ms() if now_ms is None else now_ms
@@ -243,7 +244,7 @@ def format_datetime(
 
 
 def format_epoch_ms(ms: int | None, *, now_ms: int | None = None, relative: bool = True, late_after_ms: int | None = None) -> str:
-    """Epoch milliseconds as a UTC time plus "(in 3 s)" / "(5 min ago)".
+    """Epoch milliseconds as a UTC time (labelled "UTC") plus "(in 3 s)" / "(5 min ago)".
 
     ``late_after_ms``: when the time is more than this many ms in the past,
     the relative part is flagged (red) — for alarms and deadlines that
@@ -262,7 +263,7 @@ def format_epoch_ms(ms: int | None, *, now_ms: int | None = None, relative: bool
     iso = codec.format_iso(value)
     css = "wc-rel wc-late" if late_after_ms is not None and -delta > late_after_ms else "wc-rel"
     return format_html(
-        '<span class="wc-time" title="{} ({} ms)">{}</span> <span class="{}">({})</span>',
+        '<span class="wc-time" title="{} ({} ms)">{} UTC</span> <span class="{}">({})</span>',
         iso, ms, iso.replace("T", " ").rstrip("Z"), css, _relative(delta),
     )
 

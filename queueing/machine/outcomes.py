@@ -17,7 +17,7 @@ from django.db import transaction
 
 from worldcell import clock
 
-from .. import config, lease, wake
+from .. import attempt_log, config, lease, wake
 from ..combining import Combiner
 from ..models import Message, QueueCell
 from . import claim as claiming
@@ -46,6 +46,7 @@ def apply_outcome(
     timeout_seconds: float | None = None,
     now: int | None = None,
     claim_next: bool | int = False,
+    attempt: "attempt_log.AttemptRecord | None" = None,
 ) -> str | tuple[str, list[Claim]]:
     """Apply one classified delivery result (docs/protocol.md §7.6) to the claimed message.
 
@@ -59,7 +60,9 @@ def apply_outcome(
     (``Claim.started``); otherwise the cell's driver is woken on commit when
     work is due. Raises on database errors: the transaction rolled back and
     the claim stays in flight until its deadline (§7.7). ``now`` defaults to
-    the clock read once the cell is locked.
+    the clock read once the cell is locked. ``attempt`` (what the POST gave)
+    is written to the attempt log and the outcome counters in the outcome's
+    own transaction (``queueing.attempt_log``).
 
     Outcomes of concurrent deliveries from the same cell in this process are
     combined into one transaction (``apply_outcomes``); with an explicit
@@ -67,7 +70,7 @@ def apply_outcome(
     """
     if kind not in _OUTCOME_KINDS:
         raise ValueError(f"unknown delivery outcome {kind!r}")
-    request = OutcomeRequest(claim, row, kind, status, reason, timeout_seconds, claim_next)
+    request = OutcomeRequest(claim, row, kind, status, reason, timeout_seconds, claim_next, attempt)
     if now is not None:
         result, claims = apply_outcomes(claim.cell_id, [request], now)[0]
     else:
@@ -124,6 +127,7 @@ def _apply_outcomes(
             return results
         now = clock.now_ms() if now is None else now
         applied = _apply(cell, requests, now)
+        attempt_log.record(cell.pk, requests, applied, now)
         wanting: list[int] = []
         for i, label in enumerate(applied):
             if label is not None:
@@ -269,6 +273,10 @@ def _outcomes_in_one_trip(cell_id: int, requests: list[OutcomeRequest]) -> list[
                 attempt = r.row.attempt + 1
                 params += [r.claim.message_pk, r.claim.token, clamp_ms(now + backoff_seconds(attempt) * 1000),
                            attempt, r.reason or "unknown error", r.status, True]
+    record, record_params = attempt_log.one_trip(
+        cell_id, requests, lambda r: _ONE_TRIP_LABELS[r.kind], now, sql.APPLIED_BEFORE_CLAIM
+    )
+    params += record_params
     params.append(cell_id)
     for r in acks:
         params += [r.claim.message_pk, r.claim.token]
@@ -278,7 +286,7 @@ def _outcomes_in_one_trip(cell_id: int, requests: list[OutcomeRequest]) -> list[
     params += [max_inflight, cell_id, deadline, token, now, now, now]  # ..., sql.claim_set's
     params += [now, now + config.MIN_ALARM_DELAY_MS, cell_id, cell_id, cell_id]  # sql.soon's, the alarm's
     locked, recovered, _, rows, [(alarm_at,)] = db.run_script(
-        sql.one_trip_outcomes(len(requeues), len(acks), len(requests)), params
+        sql.one_trip_outcomes(len(requeues), len(acks), len(requests), record), params
     )
     if not locked:
         return [None] * len(requests)

@@ -277,6 +277,12 @@ _EARLIEST_INSERTED = 'MIN("due_at")'
 _STARTED_BY_RANK = '"pick"."rn" <= (SELECT COUNT(*) FROM "app")'
 #: The requeued ids, as the requeue statement left them in a transaction-local setting.
 _REQUEUED = "unnest(string_to_array(NULLIF(current_setting('worldcell.requeued', true), ''), ','))"
+#: An outcome entry ``"v"`` (``queueing.attempt_log``) the one-trip script applies, tested between the
+#: requeue and the claim statement: requeued, or an ack/drop whose claim is still current.
+APPLIED_BEFORE_CLAIM = (
+    f'("v"."pk" IN (SELECT CAST("x" AS BIGINT) FROM {_REQUEUED} AS "x") '
+    f'OR EXISTS (SELECT 1 FROM "{M}" WHERE "id" = "v"."pk" AND "claim_token" = "v"."token"))'
+)
 REQUEUE_NONE = "SELECT set_config('worldcell.requeued', '', true)"
 #: One requeue: id, token, due, attempt, error, status, counted.
 REQUEUE_ROW = (
@@ -305,7 +311,7 @@ def requeue(n: int) -> str:
 
 
 @lru_cache(maxsize=None)
-def one_trip_outcomes(n_requeues: int, n_acks: int, n_requests: int) -> str:
+def one_trip_outcomes(n_requeues: int, n_acks: int, n_requests: int, record: str = "") -> str:
     """Outcomes of current claims, the claim phase for their freed slots and ``scheduleNextAlarm``, one string.
 
     Parameters, statement by statement: cell id (lock); ``RECOVER``'s; the
@@ -314,7 +320,9 @@ def one_trip_outcomes(n_requeues: int, n_acks: int, n_requests: int) -> str:
     id (count); ``claim_set``'s; ``soon``'s, cell id ×3 (the alarm). Rows:
     the locked cell's name; recovered ids; the requeue's setting; the
     applied ids ``(0, id, …)`` and the claims ``(1, id, rank, started,
-    delivery columns…)``; the new alarm.
+    delivery columns…)``; the new alarm. ``record`` (statements returning no
+    rows, ``queueing.attempt_log.one_trip``, their parameters after the
+    requeue's) runs between the requeue and the claim.
     """
     acked = " OR ".join([CURRENT_CLAIM] * n_acks) or "FALSE"
     nulls = ", ".join(["NULL"] * len(DELIVERY_COLUMNS))
@@ -342,7 +350,7 @@ def one_trip_outcomes(n_requeues: int, n_acks: int, n_requests: int) -> str:
     )
     return script(
         "BEGIN", NO_FLUSH, f'SELECT "name" FROM "{C}" WHERE "id" = %s FOR UPDATE', RECOVER + ' RETURNING "id"',
-        requeue(n_requeues) if n_requeues else REQUEUE_NONE, claim, alarm, "COMMIT",
+        requeue(n_requeues) if n_requeues else REQUEUE_NONE, *([record] if record else []), claim, alarm, "COMMIT",
     )
 
 

@@ -107,6 +107,8 @@ class OutcomeRequest:
     reason: str | None = None
     timeout_seconds: float | None = None
     claim_next: bool | int = False
+    #: what the POST gave (``queueing.attempt_log.AttemptRecord``), recorded with the outcome; None records nothing
+    attempt: Any = None
 
 
 _OUTCOME_KINDS = ("ack", "drop", "redeliver", "retry")

@@ -103,7 +103,9 @@ def test_it_renders_the_queue_pages_with_a_bounded_number_of_queries(admin_clien
         ])
     for url in ("/admin/queueing/queuecell/", "/admin/queueing/message/", "/admin/queueing/deadletter/",
                 f"/admin/queueing/queuecell/{QueueCell.objects.get(name='q:3').pk}/change/"):
-        with django_assert_max_num_queries(LIST_BUDGET + 4):
+        # the dashboard adds the outcome minutes and the drivers' heartbeats (queueing.console)
+        extra = 6 if url == "/admin/queueing/queuecell/" else 4
+        with django_assert_max_num_queries(LIST_BUDGET + extra):
             assert admin_client.get(url).status_code == 200, url
 
 

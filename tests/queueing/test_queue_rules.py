@@ -7,7 +7,9 @@ generated inputs (PostgreSQL; SQLite has only the Python path).
 * transition level: generated cell states (pending and in-flight messages, lost claims, attempt
   counts) get the same generated delivery outcomes once through ``_outcomes_in_one_trip`` and
   once through the Python path, on two identical cells; labels, claims, every message row, the
-  dead letters and the alarm must come out the same.
+  dead letters and the alarm must come out the same — and so must the attempt log (rows written,
+  the per-message cap, attempts cleared by an ack) and the per-minute outcome counters
+  (``queueing.attempt_log``, whose SQL both paths run with a different "applied" test).
 """
 from __future__ import annotations
 
@@ -18,9 +20,9 @@ from django.db import connection
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from queueing import config, machine
+from queueing import attempt_log, config, machine
 from queueing.machine import db, lock, sql
-from queueing.models import DeadLetter, Message, QueueCell
+from queueing.models import DeadLetter, DeliveryAttempt, Message, OutcomeMinute, QueueCell
 
 from .support import VirtualClock
 
@@ -78,18 +80,24 @@ W_TT = '"w"."tt"'
 # --------------------------------------------------------------------------- transition level
 
 pending = st.fixed_dictionaries({"kind": st.just("pending"), "due": st.integers(-5_000, 5_000),
-                                 "attempt": st.integers(0, 4)})
+                                 "attempt": st.integers(0, 4), "logged": st.sampled_from([0, 2])})
 in_flight = st.fixed_dictionaries({
     "kind": st.just("inflight"), "deadline": st.integers(-2_000, 400_000), "started": st.booleans(),
     # below QUEUE_MAX_ATTEMPTS - 1: a retry stays on the one-trip path (a dead letter takes the
     # general path, which hands claims to other delivery threads; see docs/decisions.md)
     "attempt": st.integers(0, config.DEFAULT_MAX_ATTEMPTS - 2),
+    # attempts already in the log: none, a few, the cap (a new one must push the oldest out)
+    "logged": st.sampled_from([0, 3, attempt_log.KEEP_PER_MESSAGE]),
 })
 outcome = st.fixed_dictionaries({
     "kind": st.sampled_from(["ack", "drop", "redeliver", "retry"]),
     "timeout": st.sampled_from([0, 1, -1, 0.5, 5, 120]),
     "status": st.sampled_from([500, 503, None]),
     "claim_next": st.sampled_from([True, 1, 2, 3]),
+    "queue": st.sampled_from(["__wkf_step_a", "__wkf_workflow_b"]),
+    "head": st.sampled_from([None, b"", b'{"error":"down"}', b"\x00\xff" + b"x" * 600]),
+    "may_have_log": st.booleans(),
+    "record": st.booleans(),
 })
 
 
@@ -99,7 +107,7 @@ def cell_states(draw):
     # outcomes for some current claims (deadline not passed: a claim whose own deadline passed is
     # recovered first by the one-trip script and stale there, see docs/decisions.md)
     current = [i for i, m in enumerate(messages) if m["kind"] == "inflight" and m["deadline"] > 0]
-    chosen = draw(st.lists(st.sampled_from(current), unique=True, max_size=len(current))) if current else []
+    chosen = draw(st.lists(st.sampled_from(current), unique=True, min_size=1, max_size=len(current))) if current else []
     return messages, [(i, draw(outcome)) for i in chosen]
 
 
@@ -118,6 +126,11 @@ def build(name: str, messages: list[dict]) -> tuple[QueueCell, list[Message]]:
             fields.update(inflight_deadline=NOW + m["deadline"], claim_token=f"tok{i}",
                           delivery_started_at=NOW - 500 if m["started"] else None)
         rows.append(Message.objects.create(**fields))
+        DeliveryAttempt.objects.bulk_create(
+            DeliveryAttempt(cell_id=cell.pk, message_id=f"m{i}", attempt=k + 1, started_at=NOW - 9_000 + k,
+                            duration_ms=k, status=500, error="HTTP 500", answer_head="old", result="retry scheduled")
+            for k in range(m["logged"])
+        )
     return cell, rows
 
 
@@ -133,6 +146,10 @@ def requests_for(cell: QueueCell, rows: list[Message], outcomes) -> list[machine
             claim, row, kind, status=o["status"] if kind != "redeliver" else 503,
             reason="HTTP 500" if kind == "retry" else None,
             timeout_seconds=o["timeout"] if kind == "redeliver" else None, claim_next=o["claim_next"],
+            attempt=attempt_log.AttemptRecord(
+                o["queue"], m.attempt + 1, NOW - 400, 37, o["status"], "HTTP 500" if kind == "retry" else None,
+                o["head"], o["may_have_log"],
+            ) if o["record"] else None,
         ))
     return out
 
@@ -146,7 +163,15 @@ def snapshot(cell: QueueCell) -> dict:
     }
     dead = sorted((d.message_id, d.attempt, d.last_error, d.last_status, d.failed_at)
                   for d in DeadLetter.objects.filter(cell=cell))
-    return {"alarm": cell.alarm_at, "messages": rows, "dead": dead}
+    attempts = [
+        (a.message_id, a.attempt, a.started_at, a.duration_ms, a.status, a.error, a.answer_head, a.result)
+        for a in DeliveryAttempt.objects.filter(cell_id=cell.pk).order_by("id")
+    ]
+    minutes = sorted(
+        OutcomeMinute.objects.filter(cell_id=cell.pk)
+        .values_list("queue_name", "minute", "delivered", "dropped", "retried", "dead_lettered")
+    )
+    return {"alarm": cell.alarm_at, "messages": rows, "dead": dead, "attempts": attempts, "minutes": minutes}
 
 
 def answers(results) -> list:
@@ -171,4 +196,7 @@ def test_outcomes_in_one_trip_equal_the_python_path_on_generated_cell_states(sta
         assert snapshot(one_cell) == snapshot(py_cell)
     finally:
         clock.uninstall()
+        ids = list(QueueCell.objects.filter(name__endswith=tag).values_list("pk", flat=True))
+        DeliveryAttempt.objects.filter(cell_id__in=ids).delete()
+        OutcomeMinute.objects.filter(cell_id__in=ids).delete()
         QueueCell.objects.filter(name__endswith=tag).delete()
