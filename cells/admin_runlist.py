@@ -11,7 +11,8 @@ Every piece stays cheap at a million runs (docs/console.md "Run list"):
 * ``search_runs`` — substring and prefix search over run id, workflow name
   and deployment id (pg_trgm GIN indexes on PostgreSQL, migration
   ``0003_console_search``), exact match on step/hook ids (event correlation
-  ids) and hook tokens. SQLite: prefix through the btree indexes, substring
+  ids) and hook tokens; each kind of match contributes its newest
+  ``SEARCH_MATCHES`` runs. SQLite: prefix through the btree indexes, substring
   over the newest ``SQLITE_SCAN_ROWS`` runs only (said in the help text).
 * ``runs_with_prefix`` — the run-id prefix jump: the run when one id starts
   with the prefix, else the list.
@@ -48,6 +49,8 @@ COUNT_CAP = 10_000
 FAILURE_HEAD_CHARS = 600
 #: SQLite only: substring search looks at this many newest runs at most.
 SQLITE_SCAN_ROWS = 50_000
+#: Runs each kind of search match contributes at most (newest first).
+SEARCH_MATCHES = 2_000
 #: Shortest term searched as a substring (shorter: prefix only, a trigram needs 3 characters).
 SUBSTRING_MIN_CHARS = 3
 #: Upper bound appended to a prefix for an index range scan (the largest code point).
@@ -151,29 +154,39 @@ def _prefix_q(field: str, term: str) -> Q:
 def search_runs(queryset: QuerySet, term: str) -> QuerySet:
     """Runs of ``queryset`` matching ``term`` (see the module docstring; docs/console.md "Search").
 
-    PostgreSQL: ``ILIKE '%term%'`` on run id, workflow name, deployment id,
-    each served by its trigram index. SQLite: prefix by index range; a
-    substring only among the newest ``SQLITE_SCAN_ROWS`` runs. Both: exact
-    step/hook id (event correlation id, indexed) and exact hook token.
+    Each kind of match is its own index-driven query, newest first and capped
+    at ``SEARCH_MATCHES`` runs, and the list is then filtered to the union of
+    their run keys: no OR across the run and run-cell tables, which no index
+    could serve. PostgreSQL: ``UPPER(col) LIKE UPPER('%term%')`` served by the
+    trigram indexes. SQLite: prefix by index range, a substring only among
+    the newest ``SQLITE_SCAN_ROWS`` runs. Both: exact step/hook id (event
+    correlation id) and exact hook token. Bounded: at most 5 queries of at
+    most ``SEARCH_MATCHES`` rows each.
     """
     term = term.strip()
     if not term:
         return queryset
     if not storable_text(term):
         return queryset.none()
-    exact_pks = set(Event.objects.filter(correlation_id=term).values_list("run_id", flat=True)[:1000])
-    exact_pks.update(Hook.objects.filter(token=term).values_list("run_id", flat=True)[:1000])
-    cond = Q(pk__in=exact_pks) if exact_pks else Q(pk__in=[])
+    cap = SEARCH_MATCHES
+    pks = set(Event.objects.filter(correlation_id=term).order_by().values_list("run_id", flat=True).distinct()[:cap])
+    pks.update(Hook.objects.filter(token=term).values_list("run_id", flat=True)[:cap])
     if connection.vendor == "postgresql":
-        cond |= Q(cell__name__icontains=term) | Q(workflow_name__icontains=term) | Q(deployment_id__icontains=term)
-        return queryset.filter(cond)
-    cond |= _prefix_q("cell__name", term) | _prefix_q("workflow_name", term) | _prefix_q("deployment_id", term)
-    if len(term) >= SUBSTRING_MIN_CHARS:
-        newest = Run.objects.order_by("-created_at").values("pk")[:SQLITE_SCAN_ROWS]
-        cond |= Q(pk__in=newest) & (
-            Q(cell__name__contains=term) | Q(workflow_name__contains=term) | Q(deployment_id__contains=term)
-        )
-    return queryset.filter(cond)
+        by_id = RunCellState.objects.filter(name__icontains=term)
+        by_fields = Run.objects.filter(Q(workflow_name__icontains=term) | Q(deployment_id__icontains=term))
+    else:
+        by_id = RunCellState.objects.filter(_prefix_q("name", term))
+        by_fields = Run.objects.filter(_prefix_q("workflow_name", term) | _prefix_q("deployment_id", term))
+        if len(term) >= SUBSTRING_MIN_CHARS:
+            newest = Run.objects.order_by("-created_at").values("pk")[:SQLITE_SCAN_ROWS]
+            pks.update(
+                Run.objects.filter(pk__in=newest)
+                .filter(Q(cell__name__contains=term) | Q(workflow_name__contains=term) | Q(deployment_id__contains=term))
+                .order_by("-created_at").values_list("pk", flat=True)[:cap]
+            )
+    pks.update(by_id.order_by("-pk").values_list("pk", flat=True)[:cap])  # run pk = its cell's pk
+    pks.update(by_fields.order_by("-created_at").values_list("pk", flat=True)[:cap])
+    return queryset.filter(pk__in=sorted(pks))
 
 
 def runs_with_prefix(prefix: str, limit: int = 2) -> list[tuple[int, str]]:

@@ -97,17 +97,13 @@ def axis_ticks(span_ms: int, *, target: int = 8) -> list[tuple[float, str]]:
 
 
 def _tick_label(at_ms: int, step_ms: int) -> str:
+    """A tick's label in the unit of its own size: ``250 ms``, ``1.5 s``, ``2 min``, ``1.5 h``, ``2 d``."""
     if at_ms == 0:
         return "0"
-    if step_ms < 1_000:
-        return f"{at_ms} ms"
-    if step_ms < 60_000:
-        return f"{at_ms / 1000:g} s"
-    if step_ms < 3_600_000:
-        return f"{at_ms / 60_000:g} min"
-    if step_ms < 86_400_000:
-        return f"{at_ms / 3_600_000:g} h"
-    return f"{at_ms / 86_400_000:g} d"
+    for unit_ms, unit in ((86_400_000, "d"), (3_600_000, "h"), (60_000, "min"), (1_000, "s")):
+        if at_ms >= unit_ms:
+            return f"{round(at_ms / unit_ms, 2):g} {unit}"
+    return f"{at_ms} ms"
 
 
 def build_waterfall(
