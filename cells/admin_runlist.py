@@ -5,7 +5,7 @@ Every piece stays cheap at a million runs (docs/console.md "Run list"):
 * ``StatusCountFilter`` — the status filter with a count beside each status:
   an exact count up to ``COUNT_CAP`` (``LIMIT COUNT_CAP + 1`` through the
   status index), above that PostgreSQL's planner estimate (``≈``), on SQLite
-  ``10,000+``. One query per status, whatever the table size.
+  ``1,000+``. One query per status, whatever the table size.
 * ``failure_reason`` — the first line of a failed run's ``error.message``,
   read from the first ``FAILURE_HEAD_CHARS`` characters of the column.
 * ``search_runs`` — substring and prefix search over run id, workflow name
@@ -44,7 +44,7 @@ __all__ = [
 ]
 
 #: Exact counts beside the status filter stop here (then an estimate).
-COUNT_CAP = 10_000
+COUNT_CAP = 1_000
 #: Characters of ``error`` read for the failure-reason column.
 FAILURE_HEAD_CHARS = 600
 #: SQLite only: substring search looks at this many newest runs at most.
@@ -91,7 +91,7 @@ def _round(n: int) -> str:
 
 
 class StatusCountFilter(admin.SimpleListFilter):
-    """"By status", each status with its count among the non-expired runs (exact ≤ 10,000, else estimated)."""
+    """"By status", each status with its count among the non-expired runs (exact ≤ 1,000, else estimated)."""
 
     title = "status"
     parameter_name = "status__exact"

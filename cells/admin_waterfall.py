@@ -187,7 +187,7 @@ def build_waterfall(
             bar.marks.append((at - origin_ms, "recv", f"payload received +{format_duration_ms(at - origin_ms)}"))
         status = "failed" if h["conflict"] else ("running" if is_open else "completed")
         lanes.append(Lane(
-            kind="hook", label=f"hook {hid}", status=status,
+            kind="hook", label=hid if hid.startswith("hook") else f"hook {hid}", status=status,
             title=f"hook {hid} · {len(h['received'])} received · {'live' if is_open else 'disposed'}",
             bar=bar,
         ))

@@ -187,9 +187,9 @@ class _Renderer:
                 parsed = json.loads(text)
             except ValueError:
                 parsed = _NOT_JSON
-            if parsed is not _NOT_JSON and depth < self.max_depth:
+            if parsed is not _NOT_JSON:
                 self.emit(" json ", "wc-type")
-                self.value(parsed, depth + 1)
+                self.value(parsed, depth)
                 return
         if text is not None:
             literal = _json_string(text)
