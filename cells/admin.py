@@ -17,6 +17,12 @@ needs the ``cells.cancel_run`` permission.
   10,000 events renders in a handful of queries.
 * **Step page** and **event page** under the run's URL, with full decoded
   payloads (bounded) and the step's own events.
+* Console v2 (docs/console.md): the run page's **waterfall**
+  (``cells.admin_waterfall``), the run list's status counts, failure reason,
+  substring search and run-id jump (``cells.admin_runlist``), the **stream
+  viewer** and download (``cells.admin_streams``), and **live pages**: the run
+  list's results and the run page's sections are htmx-polled fragments
+  (``?_fragment=results``, ``<run>/live/``).
 """
 from __future__ import annotations
 
@@ -29,6 +35,7 @@ from django.contrib.admin.models import CHANGE, LogEntry
 from django.contrib.contenttypes.models import ContentType
 from django.core.exceptions import PermissionDenied
 from django.db.models import Q
+from django.conf import settings
 from django.http import Http404, HttpResponseRedirect
 from django.shortcuts import get_object_or_404
 from django.template.response import TemplateResponse
@@ -45,7 +52,7 @@ from worldcell.admin_site import (
     status_badge,
 )
 
-from . import operator_actions
+from . import admin_runlist, admin_streams, admin_waterfall, operator_actions
 from .admin_actions import BULK_MAX_RUNS, RunActionsMixin
 from .models import Event, Hook, HookMarker, Run, Step, Stream, StreamChunk, StreamRegistration
 from .operations import CancelResult, cancel_run
@@ -72,6 +79,8 @@ STREAMS_SHOWN = 50
 STEP_EVENTS_SHOWN = 500
 #: Bytes of a stream chunk read for its preview.
 CHUNK_PREVIEW_BYTES = 96
+#: Seconds between two refreshes of a live fragment (run list results, run page sections).
+LIVE_EVERY_S = 5
 
 RUN_PAYLOADS = ("input", "output", "error", "execution_context")
 STEP_PAYLOADS = ("input", "output", "error")
@@ -143,18 +152,20 @@ def _event_data_preview(stored: display.StoredText) -> str:
 class RunAdmin(RunActionsMixin, OperatorModelAdmin):
     """Runs: the list, the run page, "Cancel run" and the actions of ``cells.admin_actions``."""
 
-    list_display = ("run_id", "workflow_name", "status_badge", "deployment", "created", "duration")
+    list_display = ("run_id", "workflow_name", "status_badge", "deployment", "created", "duration", "failure")
     list_display_links = ("run_id",)
     list_filter = (
-        "status",
+        admin_runlist.StatusCountFilter,
         distinct_values_filter("workflow_name", "workflow name"),
         distinct_values_filter("deployment_id", "deployment"),
         ("created_at", admin.DateFieldListFilter),
     )
     search_fields = ("cell__name",)  # shows the search box; the search itself is get_search_results
     search_help_text = (
-        "Exact match on a run id, workflow name, deployment id, step id, hook id or hook token."
+        "Part of a run id, workflow name or deployment id (case-insensitive), or an exact step id, "
+        "hook id or hook token."
     )
+    change_list_template = "admin/cells/run/change_list.html"
     ordering = ("-created_at",)
     list_select_related = ("cell",)
     actions = ("cancel_selected_runs", "rerun_selected_runs")
@@ -183,7 +194,10 @@ class RunAdmin(RunActionsMixin, OperatorModelAdmin):
 
         Expired runs (being cleaned up) are left out: their tombstones have their own list.
         """
-        return super().get_queryset(request).select_related("cell").defer(*RUN_PAYLOADS).filter(cell__expired=False)
+        return (
+            super().get_queryset(request).select_related("cell").defer(*RUN_PAYLOADS).filter(cell__expired=False)
+            .annotate(**admin_runlist.failure_annotation())
+        )
 
     def get_object(self, request, object_id, from_field=None):
         """The run with previews of its payloads (head, size, tail) instead of the payloads."""
@@ -196,24 +210,12 @@ class RunAdmin(RunActionsMixin, OperatorModelAdmin):
             return None
 
     def get_search_results(self, request, queryset, search_term):
-        """Exact search: run id, workflow name, deployment, step/hook id (event correlation id), hook token.
+        """Substring search over run id, workflow name, deployment; exact step/hook id and hook token.
 
-        Each term is looked up through an index first (run cells by name,
-        events by correlation id, live hooks by token), so a search costs a
-        few index probes, never a scan of the runs.
+        ``cells.admin_runlist.search_runs`` (trigram indexes on PostgreSQL, a
+        bounded scan on SQLite; docs/console.md "Search").
         """
-        term = search_term.strip()
-        if not term:
-            return queryset, False
-        if not storable_text(term):
-            return queryset.none(), False
-        run_pks: set[int] = set(Run.objects.filter(cell__name=term).values_list("pk", flat=True)[:1])
-        run_pks.update(Event.objects.filter(correlation_id=term).values_list("run_id", flat=True)[:1000])
-        run_pks.update(Hook.objects.filter(token=term).values_list("run_id", flat=True)[:1000])
-        cond = Q(workflow_name=term) | Q(deployment_id=term)
-        if run_pks:
-            cond |= Q(pk__in=run_pks)
-        return queryset.filter(cond), False
+        return admin_runlist.search_runs(queryset, search_term), False
 
     # ------------------------------------------------------------------ list columns
 
@@ -229,7 +231,7 @@ class RunAdmin(RunActionsMixin, OperatorModelAdmin):
     def deployment(self, obj: Run) -> str:
         return obj.deployment_id
 
-    @admin.display(description="created", ordering="created_at")
+    @admin.display(description=f"created ({settings.TIME_ZONE})", ordering="created_at")
     def created(self, obj: Run) -> str:
         return format_datetime(obj.created_at)
 
@@ -241,6 +243,13 @@ class RunAdmin(RunActionsMixin, OperatorModelAdmin):
         if going:
             return format_html('<span class="wc-rel" title="still {}: time so far">≥ {}</span>', obj.status, format_duration_ms(ms))
         return format_duration_ms(ms)
+
+    @admin.display(description="failure reason")
+    def failure(self, obj: Run) -> str:
+        reason = admin_runlist.failure_reason(getattr(obj, "wc_error_head", None))
+        if not reason:
+            return ""
+        return format_html('<span class="wc-error" title="{}">{}</span>', reason, reason)
 
     @admin.display(description="status")
     def status_summary(self, obj: Run) -> str:
@@ -257,7 +266,7 @@ class RunAdmin(RunActionsMixin, OperatorModelAdmin):
         )
         return format_html('{} <span class="wc-rel">· spec version {}</span>', obj.deployment_id, version)
 
-    @admin.display(description="times (UTC)")
+    @admin.display(description=f"times ({settings.TIME_ZONE})")
     def times(self, obj: Run) -> str:
         day = obj.created_at
         return format_html(
@@ -410,8 +419,23 @@ class RunAdmin(RunActionsMixin, OperatorModelAdmin):
                 }
             )
 
+        live_query = {k: v for k, v in (("steps_after", steps_after), ("events_after", events_after)) if v}
+        waterfall = admin_waterfall.run_waterfall(
+            run, now_ms, step_url=lambda sid: f"{step_url}?{urlencode({'id': sid})}"
+        )
+        ms, going = _run_duration_ms(run, now_ms)
         return {
             "run_id": run_id,
+            "waterfall": waterfall,
+            "waterfall_span": format_duration_ms(waterfall.span_ms),
+            "waterfall_max_steps": admin_waterfall.MAX_STEP_LANES,
+            "waterfall_max_events": admin_waterfall.MAX_TIMING_EVENTS,
+            "live_url": reverse("admin:cells_run_live", args=[run.pk]) + (f"?{urlencode(live_query)}" if live_query else ""),
+            "live_every_s": LIVE_EVERY_S,
+            "live_every": f"{LIVE_EVERY_S} s",
+            "live_status": self.status_summary(run),
+            "live_now": format_html("{} {}", format_datetime(codec.from_epoch_ms(now_ms)), settings.TIME_ZONE),
+            "time_zone_name": settings.TIME_ZONE,
             "step_rows": step_rows,
             "steps_total": counts["steps"],
             "steps_after": steps_after,
@@ -425,12 +449,14 @@ class RunAdmin(RunActionsMixin, OperatorModelAdmin):
                 f"{page_url}?{urlencode({'events_after': events[-1].event_id})}#timeline" if more_events else None
             ),
             "page_url": page_url,
-            "stream_rows": self._stream_rows(run_id),
+            "stream_rows": self._stream_rows(run_id, run.pk),
             "run_created_iso": codec.format_iso(run.created_at),
         }
 
-    def _stream_rows(self, run_id: str) -> list[dict[str, Any]]:
+    def _stream_rows(self, run_id: str, run_pk: int) -> list[dict[str, Any]]:
         """The run's streams: registry ``run-streams:<runId>`` -> ``stream:<name>`` rows -> first/last chunks."""
+        stream_base = reverse("admin:cells_run_stream", args=[run_pk])
+        download_base = reverse("admin:cells_run_stream_download", args=[run_pk])
         names = list(
             StreamRegistration.objects.filter(cell=f"run-streams:{run_id}")
             .order_by("name")
@@ -458,6 +484,10 @@ class RunAdmin(RunActionsMixin, OperatorModelAdmin):
         for name in names:
             stream = streams.get(f"stream:{name}")
             row: dict[str, Any] = {"name": name, "stream": stream}
+            if stream is not None:
+                query = urlencode({"name": name})
+                row["view_url"] = f"{stream_base}?{query}"
+                row["download_url"] = f"{download_base}?{query}"
             if stream is not None and stream.count > 0:
                 row["first"] = self._chunk_preview(chunks.get((stream.pk, 0)))
                 if stream.count > 1:
@@ -488,7 +518,81 @@ class RunAdmin(RunActionsMixin, OperatorModelAdmin):
             path("<int:object_id>/step/", wrap(self.step_view), name="%s_%s_step" % info),
             path("<int:object_id>/event/<str:event_id>/", wrap(self.event_view), name="%s_%s_event" % info),
             *self.action_urls(),
+            path("<int:object_id>/live/", wrap(self.live_view), name="%s_%s_live" % info),
+            path("<int:object_id>/stream/", wrap(self.stream_view), name="%s_%s_stream" % info),
+            path("<int:object_id>/stream/download/", wrap(self.stream_download_view), name="%s_%s_stream_download" % info),
+            path("jump/", wrap(self.jump_view), name="%s_%s_jump" % info),
         ] + super().get_urls()
+
+    # ------------------------------------------------------------------ console v2 views
+
+    def changelist_view(self, request, extra_context=None):
+        """The run list; ``?_fragment=results`` answers only its results table (the live fragment)."""
+        fragment = request.GET.get("_fragment") == "results"
+        if fragment:
+            request.GET = request.GET.copy()
+            del request.GET["_fragment"]
+        query = request.GET.copy()
+        query["_fragment"] = "results"
+        context = {
+            "jump_url": reverse("admin:cells_run_jump"),
+            "results_fragment_url": f"{request.path}?{query.urlencode()}",
+            "live_every_s": LIVE_EVERY_S,
+            "live_every": f"{LIVE_EVERY_S} s",
+            "live_now": format_html("{} {}", format_datetime(codec.from_epoch_ms(clock.now_ms())), settings.TIME_ZONE),
+            "time_zone_name": settings.TIME_ZONE,
+            **(extra_context or {}),
+        }
+        response = super().changelist_view(request, context)
+        if fragment and isinstance(response, TemplateResponse):
+            response.template_name = "admin/cells/run/run_results.html"
+        return response
+
+    def live_view(self, request, object_id: int):
+        """``<run>/live/``: the run page's live sections alone (status, waterfall, steps, log, hooks, streams)."""
+        run = self._run_or_404(request, object_id)
+        context = {**self._page_context(request, run, f"Run {run.cell.name}"), **self._run_sections(request, run)}
+        return TemplateResponse(request, "admin/cells/run/live_sections.html", context)
+
+    def stream_view(self, request, object_id: int):
+        """``<run>/stream/?name=…&from=…&as=text|json|hex``: every chunk of a run's stream, a page at a time."""
+        run = self._run_or_404(request, object_id)
+        name = _id_or_404(request.GET.get("name"), "stream")
+        try:
+            start = max(0, int(request.GET.get("from") or 0))
+        except ValueError:
+            start = 0
+        page = admin_streams.stream_page(run.cell.name, name, start, request.GET.get("as") or "text")
+        context = self._page_context(request, run, f"Stream {name}")
+        base = reverse("admin:cells_run_stream", args=[run.pk]) + "?" + urlencode({"name": name})
+        context.update(
+            page,
+            base_url=base,
+            download_url=reverse("admin:cells_run_stream_download", args=[run.pk]) + "?" + urlencode({"name": name}),
+            end_index=page["start"] + max(len(page["chunk_rows"]) - 1, 0),
+            updated=format_datetime(page["stream"].updated_at) if page["stream"] is not None else "—",
+            time_zone_name=settings.TIME_ZONE,
+        )
+        return TemplateResponse(request, "admin/cells/run/stream.html", context)
+
+    def stream_download_view(self, request, object_id: int):
+        """``<run>/stream/download/?name=…``: the whole stream, streamed (``cells.admin_streams``)."""
+        run = self._run_or_404(request, object_id)
+        return admin_streams.stream_download(run.cell.name, _id_or_404(request.GET.get("name"), "stream"))
+
+    def jump_view(self, request):
+        """``jump/?prefix=…``: the run page when exactly one run id starts with the prefix, else the filtered list."""
+        if not self.has_view_permission(request):
+            raise PermissionDenied
+        prefix = (request.GET.get("prefix") or "").strip()
+        found = admin_runlist.runs_with_prefix(prefix)
+        if len(found) == 1:
+            return HttpResponseRedirect(reverse("admin:cells_run_change", args=[found[0][0]]))
+        if found:
+            self.message_user(request, f"More than one run id starts with {prefix!r}: the matching runs are listed.")
+        elif prefix:
+            self.message_user(request, f"No run id starts with {prefix!r}.", messages.WARNING)
+        return HttpResponseRedirect(reverse("admin:cells_run_changelist") + ("?" + urlencode({"q": prefix}) if prefix else ""))
 
     def _run_or_404(self, request, object_id) -> Run:
         if not self.has_view_permission(request):

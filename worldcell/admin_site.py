@@ -80,7 +80,10 @@ class CappedCountPaginator(Paginator):
 
     @cached_property
     def count(self) -> int:
-        counted = self.object_list.order_by()[: self.count_cap + 1].count()
+        rows = self.object_list.order_by()
+        if hasattr(rows, "values"):  # count keys only: no annotated column is computed for the count
+            rows = rows.values("pk")
+        counted = rows[: self.count_cap + 1].count()
         self.capped = counted > self.count_cap
         return min(counted, self.count_cap)
 

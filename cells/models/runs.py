@@ -88,6 +88,7 @@ class RunCellState(models.Model):
     class Meta:
         verbose_name = "run cell"
         constraints = [models.UniqueConstraint(fields=["name"], name="cells_runcellstate_name_uniq")]
+        # + on PostgreSQL a pg_trgm GIN index on UPPER(name) (migration 0003, docs/console.md "Search")
 
     def __str__(self) -> str:
         return self.name
@@ -153,6 +154,8 @@ class Run(EntityRow, models.Model):
             models.Index(fields=["deployment_id"], name="cells_run_deployment_idx"),
             models.Index(fields=["created_at"], name="cells_run_created_idx"),
             models.Index(fields=["completed_at"], name="cells_run_completed_idx"),  # retention (cells.lifecycle)
+            # + on PostgreSQL pg_trgm GIN indexes on UPPER(workflow_name), UPPER(deployment_id)
+            #   (migration 0003, docs/console.md "Search")
         ]
 
     def __str__(self) -> str:

@@ -61,7 +61,8 @@ class ClientSequence:
         return self.apply(run_id, "run_started")
 
 
-def seed_runs(n_runs: int, n_steps: int, *, start=None, workflows=("wf-a", "wf-b"), hooks: int = 2) -> list[Run]:
+def seed_runs(n_runs: int, n_steps: int, *, start=None, workflows=("wf-a", "wf-b"), hooks: int = 2,
+              first: int = 0) -> list[Run]:
     """Bulk-insert ``n_runs`` running runs of ``n_steps`` completed steps each (+ their events, ``hooks`` hooks).
 
     Rows look like what ``applyEvent`` writes (same columns, sort keys,
@@ -72,10 +73,11 @@ def seed_runs(n_runs: int, n_steps: int, *, start=None, workflows=("wf-a", "wf-b
 
     start = start or datetime(2026, 1, 2, 3, 4, 5, 678000, tzinfo=timezone.utc)
     cells = RunCellState.objects.bulk_create(
-        [RunCellState(name=f"wrun_seed{i:06d}", event_sequence=2 + 2 * n_steps + hooks) for i in range(n_runs)]
+        [RunCellState(name=f"wrun_seed{i:06d}", event_sequence=2 + 2 * n_steps + hooks)
+         for i in range(first, first + n_runs)]
     )
     runs, steps, events, hook_rows, markers = [], [], [], [], []
-    for i, cell in enumerate(cells):
+    for i, cell in enumerate(cells, start=first):
         created = start + timedelta(seconds=i)
         run = Run(
             cell=cell, status="running", deployment_id=f"dpl_{i % 3}", workflow_name=workflows[i % len(workflows)],

@@ -41,6 +41,12 @@ _BYTES_TAG_HEAD = '{"__type":"Uint8Array","data":"'
 _BYTES_TAG_END = '"}'
 
 
+#: Bytes shown whole in a one-line preview / a block preview (longer: the first 24 / 96 bytes).
+SHORT_INLINE_BYTES = 160
+SHORT_BLOCK_BYTES = 4_096
+_NOT_JSON = object()
+
+
 def format_size(n: int | None) -> str:
     """``n`` bytes for humans: ``812 B``, ``4.1 KB``, ``5.0 MB`` (1 KB = 1024 B)."""
     if n is None:
@@ -89,6 +95,8 @@ class _Renderer:
         self.max_items = 8 if inline else 200
         self.max_depth = 6 if inline else 24
         self.preview_bytes = 24 if inline else 96
+        # bytes up to this size are shown whole (and as JSON when they hold JSON text)
+        self.whole_bytes = SHORT_INLINE_BYTES if inline else SHORT_BLOCK_BYTES
         self.parts: list[str] = []
         self.used = 0
         self.exhausted = False
@@ -136,7 +144,7 @@ class _Renderer:
             self.emit("Date ", "wc-type")
             self.emit(codec.format_iso(v), "wc-date")
         elif isinstance(v, (bytes, bytearray, memoryview)):
-            self.bytes(bytes(v), len(v))
+            self.bytes(bytes(v), len(v), depth)
         elif isinstance(v, PartialBytes):
             self.bytes(v.data, v.total)
         elif isinstance(v, dict):
@@ -158,14 +166,31 @@ class _Renderer:
         elif partial:
             self.more("… (cut)")
 
-    def bytes(self, data: bytes, total: int | None) -> None:
+    def bytes(self, data: bytes, total: int | None, depth: int = 0) -> None:
+        """A ``Uint8Array``: its size, then its content as JSON, UTF-8 text or hex.
+
+        Bytes up to ``whole_bytes`` that are all present are shown whole; when
+        they are UTF-8 JSON text (an object, array or string) they are decoded
+        and drawn like any other value (``json``), else as text (``utf-8``) or
+        a hex dump; a longer value shows its first ``preview_bytes``.
+        """
         size = f"{total:,} bytes" if total is not None else f"≥ {len(data):,} bytes"
         self.emit(f"Uint8Array({size})", "wc-type")
-        head = data[: self.preview_bytes]
+        whole = total is not None and len(data) >= total and total <= self.whole_bytes
+        head = data if whole else data[: self.preview_bytes]
         if not head:
             return
-        more = total is None or len(head) < total
+        more = not whole and (total is None or len(head) < total)
         text = _printable_text(head)
+        if whole and text is not None and text.lstrip()[:1] in ("{", "[", '"'):
+            try:
+                parsed = json.loads(text)
+            except ValueError:
+                parsed = _NOT_JSON
+            if parsed is not _NOT_JSON:
+                self.emit(" json ", "wc-type")
+                self.value(parsed, depth)
+                return
         if text is not None:
             literal = _json_string(text)
             self.emit(" utf-8 ", "wc-type")
