@@ -231,7 +231,7 @@ class RunAdmin(RunActionsMixin, OperatorModelAdmin):
     def deployment(self, obj: Run) -> str:
         return obj.deployment_id
 
-    @admin.display(description=f"created ({settings.TIME_ZONE})", ordering="created_at")
+    @admin.display(description="created", ordering="created_at")
     def created(self, obj: Run) -> str:
         return format_datetime(obj.created_at)
 
@@ -434,7 +434,7 @@ class RunAdmin(RunActionsMixin, OperatorModelAdmin):
             "live_every_s": LIVE_EVERY_S,
             "live_every": f"{LIVE_EVERY_S} s",
             "live_status": self.status_summary(run),
-            "live_now": format_html("{} {}", format_datetime(codec.from_epoch_ms(now_ms)), settings.TIME_ZONE),
+            "live_now": format_datetime(codec.from_epoch_ms(now_ms)),
             "time_zone_name": settings.TIME_ZONE,
             "step_rows": step_rows,
             "steps_total": counts["steps"],
@@ -539,7 +539,7 @@ class RunAdmin(RunActionsMixin, OperatorModelAdmin):
             "results_fragment_url": f"{request.path}?{query.urlencode()}",
             "live_every_s": LIVE_EVERY_S,
             "live_every": f"{LIVE_EVERY_S} s",
-            "live_now": format_html("{} {}", format_datetime(codec.from_epoch_ms(clock.now_ms())), settings.TIME_ZONE),
+            "live_now": format_datetime(codec.from_epoch_ms(clock.now_ms())),
             "time_zone_name": settings.TIME_ZONE,
             **(extra_context or {}),
         }
