@@ -59,8 +59,8 @@ class RunExpired(CellError):
 
 
 def _rows(statement: str, params: Iterable[Any]) -> list[tuple]:
-    """The rows of one statement (``worldcell.sql.rows``: Django's cursor, not prepared)."""
-    return wsql.rows(wsql.database(), statement, list(params))
+    """The rows of one fixed statement (``worldcell.sql.query``: prepared on PostgreSQL)."""
+    return wsql.query(wsql.database(), statement, list(params))
 
 
 _T = wsql.table(RunTombstone)

@@ -2,7 +2,7 @@
 """Server CPU and commits per RPC, one wire method at a time (docs/benchmarks.md "Micro").
 
 For each fleet given with ``--fleet NAME=URL,API_PID,DATABASE`` it sends ``--rpcs`` calls of one
-method (``applyEvent``, ``index.put`` or ``enqueue``) from ``--concurrency`` threads, and reads
+method (``applyEvent``, ``index.put``, ``writeChunk`` or ``enqueue``) from ``--concurrency`` threads, and reads
 
 * the API process's CPU (``/proc/<pid>/stat`` utime + stime, all threads),
 * the CPU of every PostgreSQL backend connected to ``DATABASE`` (``/proc/*/cmdline`` is
@@ -20,6 +20,7 @@ Workloads (the argument shapes are those of the world-celld v0.1.0 client, docs/
 ``applyEvent``  whole runs: run_created, run_started, 3 x (step_created, step_started,
                 step_completed), run_completed — 12 events per run, 64-byte payloads.
 ``index.put``   ``correlation:…:<runId>`` keys (run-scoped: the fence's one-statement upsert).
+``writeChunk``  64-byte chunks, each thread writing its own stream (no lock waits).
 ``enqueue``     step messages over 4 queue cells; ``targetBaseUrl`` is a closed local port, so
                 without a worker they stay pending (bounded by ``--rpcs``).
 
@@ -138,6 +139,10 @@ def work_items(method: str, count: int, tag: str) -> list[list[tuple]]:
                   [f"correlation:step_{tag}_{i}:1764590000000:wevt_z{i:020d}:wrun_{tag}_{i // 8}",
                    json.dumps({"runId": f"wrun_{tag}_{i // 8}", "eventId": f"wevt_z{i:020d}"})])]
                 for i in range(count)]
+    if method == "writeChunk":
+        per = -(-count // 8)
+        return [[("streams", f"stream:strm_{tag}_{w}", "writeChunk", [_payload(str(i))]) for i in range(per)]
+                for w in range(8)]
     if method == "enqueue":
         return [[("queue", f"q:{i % 4}", "enqueue",
                   [{"messageId": f"msg_{tag}_{i}", "queueName": "__wkf_step_cost", "pathname": "step",
@@ -201,7 +206,7 @@ def main() -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--fleet", action="append", required=True, type=parse_fleet, help="NAME=URL,API_PID,DATABASE")
     p.add_argument("--secret", default=os.environ.get("WORLD_SECRET", ""))
-    p.add_argument("--method", choices=["applyEvent", "index.put", "enqueue"], required=True)
+    p.add_argument("--method", choices=["applyEvent", "index.put", "writeChunk", "enqueue"], required=True)
     p.add_argument("--rpcs", type=int, default=1200, help="RPCs per round (default 1200)")
     p.add_argument("--concurrency", type=int, default=8)
     p.add_argument("--rounds", type=int, default=3, help="rounds per fleet, alternating (default 3)")
