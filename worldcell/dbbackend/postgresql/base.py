@@ -4,8 +4,8 @@
 ``postgres://`` ``DATABASE_URL``). Everything is Django's ``django.db.backends.postgresql``
 except ``is_usable``, which ``CONN_HEALTH_CHECKS`` calls before the first query of each
 request on a kept connection. Django's own check sends ``SELECT 1``: one more round trip and
-one more (read-only) transaction in PostgreSQL per RPC — measured at 2.0 commits per
-``index.put`` instead of 1, about a third of the RPC's server CPU.
+one more (read-only) transaction in PostgreSQL per RPC — 2.0 commits per ``index.put`` or
+``applyEvent`` instead of 1, and 8–20 % of their server CPU (API + PostgreSQL).
 
 Here an *idle* connection (no transaction open) is usable when its socket has nothing to
 read: PostgreSQL sends nothing unasked on an idle session of ours (no ``LISTEN``), so data —
