@@ -59,12 +59,8 @@ class RunExpired(CellError):
 
 
 def _rows(statement: str, params: Iterable[Any]) -> list[tuple]:
-    """The rows of one statement (``worldcell.sql.rows``: Django's cursor, not prepared)."""
-    return wsql.rows(wsql.database(), statement, list(params))
-
-
-def _rowcount(statement: str, params: Iterable[Any]) -> int:
-    return wsql.rowcount(wsql.database(), statement, list(params))
+    """The rows of one fixed statement (``worldcell.sql.query``: prepared on PostgreSQL)."""
+    return wsql.query(wsql.database(), statement, list(params))
 
 
 _T = wsql.table(RunTombstone)
@@ -111,10 +107,12 @@ def run_of_index_key(key: str) -> str | None:
     return run_id or None
 
 
+#: Fixed text, so ``worldcell.sql.query`` runs it as a prepared statement (PostgreSQL plans it
+#: once per connection); ``RETURNING`` tells a write from a refusal without a rowcount.
 _PUT_UNLESS_EXPIRED = (
-    f'INSERT INTO "{_IDX}" ("cell", "key", "value") SELECT %s, %s, %s '
+    f'INSERT INTO "{_IDX}" ("cell", "key", "value") SELECT CAST(%s AS text), CAST(%s AS text), CAST(%s AS text) '
     f'WHERE NOT EXISTS (SELECT 1 FROM "{_CELL}" WHERE "name" = %s AND "expired") '
-    'ON CONFLICT ("cell", "key") DO UPDATE SET "value" = excluded."value"'
+    'ON CONFLICT ("cell", "key") DO UPDATE SET "value" = excluded."value" RETURNING 1'
 )
 
 
@@ -125,7 +123,7 @@ def put_index_unless_expired(cell: str, key: str, text: str, run_id: str) -> Non
     (the client re-puts listing keys after each applyEvent) can never bring an
     expired run back into a listing.
     """
-    if _rowcount(_PUT_UNLESS_EXPIRED, [cell, key, text, run_id]) == 0:
+    if not wsql.query(wsql.database(), _PUT_UNLESS_EXPIRED, [cell, key, text, run_id]):
         raise RunExpired(run_id, expired_at_of(run_id) or clock.now())
 
 

@@ -52,7 +52,12 @@ def to_utc_ms(value: datetime) -> datetime:
     """Return ``value`` as an aware UTC datetime truncated to whole milliseconds.
 
     Naive datetimes are taken as UTC (the reference machines run in UTC, §3.2).
+    A value that already is UTC with whole milliseconds (every time the services
+    make or read back) is returned as it is.
     """
+    if value.tzinfo is timezone.utc:
+        micro = value.microsecond
+        return value if micro % 1000 == 0 else value.replace(microsecond=micro - micro % 1000)
     if value.tzinfo is None:
         value = value.replace(tzinfo=timezone.utc)
     else:
@@ -61,12 +66,12 @@ def to_utc_ms(value: datetime) -> datetime:
 
 
 def format_iso(value: datetime) -> str:
-    """Format like JavaScript ``toISOString()``: ``YYYY-MM-DDTHH:MM:SS.mmmZ`` (§0)."""
-    v = to_utc_ms(value)
-    return (
-        f"{v.year:04d}-{v.month:02d}-{v.day:02d}T{v.hour:02d}:{v.minute:02d}:"
-        f"{v.second:02d}.{v.microsecond // 1000:03d}Z"
-    )
+    """Format like JavaScript ``toISOString()``: ``YYYY-MM-DDTHH:MM:SS.mmmZ`` (§0).
+
+    ``isoformat`` of the UTC value (4-digit year, ``+00:00`` suffix swapped for ``Z``):
+    about 3x cheaper than formatting the seven fields one by one (docs/benchmarks.md "Micro").
+    """
+    return to_utc_ms(value).isoformat(timespec="milliseconds")[:-6] + "Z"
 
 
 def epoch_ms(value: datetime) -> int:

@@ -166,6 +166,10 @@ if _db["ENGINE"] == "django.db.backends.sqlite3":
 else:
     _db["CONN_MAX_AGE"] = _number("DATABASE_CONN_MAX_AGE", 600, whole=True, minimum=0)
     _db["CONN_HEALTH_CHECKS"] = True
+    # Django's PostgreSQL backend, whose health check polls the socket instead of sending
+    # SELECT 1 before each request's first query (worldcell/dbbackend/postgresql/base.py).
+    if _db["ENGINE"] == "django.db.backends.postgresql":
+        _db["ENGINE"] = "worldcell.dbbackend.postgresql"
     _db.setdefault("OPTIONS", {}).setdefault("application_name", "worldcell")
 
 DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"

@@ -26,6 +26,7 @@ class Server:
     url: str
     port: int
     secret: str
+    database_url: str = ""
 
     def call(self, binding: str, name: str, method: str, *args):
         """POST one RPC with httpx; returns ``(status, decoded body)``."""
@@ -80,10 +81,10 @@ def running(kind: str, tmp_path):
             api_server(server_kind, url, tmp_path, tmp_path / f"{kind}.log") as (base, secret, _):
         port = urlsplit(base).port
         if kind != "nginx":
-            yield Server(kind, base, port, secret)
+            yield Server(kind, base, port, secret, url)
             return
         with nginx_front(port) as front:
-            yield Server(kind, f"http://127.0.0.1:{front}", front, secret)
+            yield Server(kind, f"http://127.0.0.1:{front}", front, secret, url)
 
 
 @pytest.fixture(scope="module", params=["waitress", "gunicorn", "nginx"])

@@ -172,3 +172,36 @@ def test_it_picks_the_same_queue_shard_as_the_js_client(key, four, eight):
     from worldcell_client import shard_for
 
     assert (shard_for(key, 4), shard_for(key, 8), shard_for(key, 1)) == (four, eight, 0)
+
+
+# ----------------------------------------------------------------------- the date fast paths
+
+def _utc_ms_reference(value: datetime) -> datetime:
+    """The UTC instant of ``value`` (naive = UTC) truncated to milliseconds (the codec's former formula)."""
+    v = value.replace(tzinfo=timezone.utc) if value.tzinfo is None else value.astimezone(timezone.utc)
+    return v.replace(microsecond=v.microsecond - v.microsecond % 1000)
+
+
+def _iso_field_by_field(value: datetime) -> str:
+    """``toISOString()`` computed field by field (the codec's former formula)."""
+    v = _utc_ms_reference(value)
+    return (f"{v.year:04d}-{v.month:02d}-{v.day:02d}T{v.hour:02d}:{v.minute:02d}:{v.second:02d}."
+            f"{v.microsecond // 1000:03d}Z")
+
+
+any_datetimes = st.one_of(
+    st.datetimes(min_value=datetime(1, 1, 2), max_value=datetime(9999, 12, 30)),  # naive = UTC
+    st.datetimes(min_value=datetime(1, 1, 2), max_value=datetime(9999, 12, 30), timezones=st.just(timezone.utc)),
+    st.datetimes(min_value=datetime(1, 1, 2), max_value=datetime(9999, 12, 30), timezones=st.timezones()),
+)
+
+
+@settings(max_examples=400, deadline=None)
+@given(any_datetimes)
+def test_format_iso_and_to_utc_ms_agree_with_the_field_by_field_formula(value):
+    assert codec.format_iso(value) == _iso_field_by_field(value)
+    ms = codec.to_utc_ms(value)
+    assert ms.tzinfo is timezone.utc and ms.microsecond % 1000 == 0
+    reference = _utc_ms_reference(value)
+    assert (ms.tzinfo, ms.timetuple(), ms.microsecond) == (reference.tzinfo, reference.timetuple(), reference.microsecond)
+    assert codec.to_utc_ms(ms) is ms  # an already-truncated UTC value is returned as it is

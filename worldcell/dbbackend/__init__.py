@@ -1,0 +1,1 @@
+"""worldcell's database backends (``DATABASES["default"]["ENGINE"]``); see ``postgresql``."""
