@@ -5,7 +5,9 @@
 #   contrib/bench-e2e/run.sh <world-celld-0.1.0.tgz> [--world W] [--runs 200] [--inflight 20]
 #       [--warmup 20] [--json FILE]
 #
-#   W = worldcell-pg      this checkout: PostgreSQL + gunicorn + Celery worker + beat (README)
+#   W = worldcell-pg      this checkout as the README's production section starts it:
+#                         PostgreSQL + waitress + Celery worker + beat
+#       worldcell-pg-gunicorn  the same with gunicorn (gthread 3x8) as the API server
 #       worldcell-sqlite  this checkout: manage.py devfleet on SQLite
 #       world-postgres    @workflow/world-postgres 4.3.0 (graphile worker inside the app)
 #       world-local       @workflow/world-local (files, in-process queue)
@@ -29,7 +31,7 @@ set -euo pipefail
 HERE=$(cd "$(dirname "$0")" && pwd)
 REPO=$(cd "$HERE/../.." && pwd)
 
-usage() { sed -n '2,26p' "$0" | sed 's/^# \{0,1\}//'; exit 2; }
+usage() { sed -n '2,28p' "$0" | sed 's/^# \{0,1\}//'; exit 2; }
 [[ $# -ge 1 && $1 != -* ]] || usage
 TARBALL=$(realpath "$1"); shift
 [[ -f $TARBALL ]] || { echo "no such tarball: $TARBALL" >&2; exit 2; }
@@ -47,7 +49,7 @@ while [[ $# -gt 0 ]]; do
   esac
 done
 case $WORLD in
-  worldcell-pg|worldcell-sqlite|world-postgres|world-local|reference) ;;
+  worldcell-pg|worldcell-pg-gunicorn|worldcell-sqlite|world-postgres|world-local|reference) ;;
   *) echo "unknown --world $WORLD" >&2; usage ;;
 esac
 
@@ -159,7 +161,7 @@ APP_ENV=(NODE_ENV=production PORT=$APP_PORT NITRO_PORT=$APP_PORT HOST=127.0.0.1 
 celld_env() { APP_ENV+=(WORKFLOW_TARGET_WORLD=@ewhauser/world-celld CELLD_FLEET_URL=http://127.0.0.1:$FLEET_PORT CELLD_WORLD_SECRET=$SECRET); }
 
 case $WORLD in
-  worldcell-pg)
+  worldcell-pg|worldcell-pg-gunicorn)
     PY=$(python_for_checkout); BIN=$(dirname "$PY")
     start_pg
     "$PG_BIN/createdb" -h 127.0.0.1 -p "$PG_PORT" -U postgres worldcell
@@ -176,16 +178,26 @@ case $WORLD in
     "$PY" -c "import redis,sys; redis.Redis.from_url(sys.argv[1]).flushdb()" "$REDIS_URL"
     (cd "$REPO" && "$PY" manage.py migrate -v 0)
     cd "$REPO"
-    start gunicorn "$BIN/gunicorn" worldcell.wsgi:application --bind "127.0.0.1:$FLEET_PORT" \
-      --worker-class gthread --workers 3 --threads 8 --timeout 120
-    PROCS+=(--proc "gunicorn=$LAST_PID"); GUNICORN_PID=$LAST_PID
+    if [[ $WORLD == worldcell-pg ]]; then
+      # the README's production API command (and contrib/systemd/worldcell-api.service), same flags
+      API=waitress
+      start waitress "$BIN/waitress-serve" --listen "127.0.0.1:$FLEET_PORT" --threads 8 \
+        --connection-limit 500 --max-request-body-size 34603008 --channel-timeout 30 --cleanup-interval 10 \
+        --call worldcell.wsgi:checked_application
+    else
+      API=gunicorn
+      mkdir -p "$RUN_DIR/prometheus"
+      start gunicorn env PROMETHEUS_MULTIPROC_DIR="$RUN_DIR/prometheus" "$BIN/gunicorn" -c python:worldcell.gunicorn_conf worldcell.wsgi:application \
+        --bind "127.0.0.1:$FLEET_PORT" --worker-class gthread --workers 3 --threads 8 --timeout 120
+    fi
+    PROCS+=(--proc "$API=$LAST_PID"); API_PID=$LAST_PID
     start celery-worker "$BIN/celery" -A worldcell worker --pool threads --concurrency 16 \
       --without-gossip --without-mingle --loglevel WARNING
     PROCS+=(--proc "celery-worker=$LAST_PID")
     start celery-beat "$BIN/celery" -A worldcell beat --schedule "$RUN_DIR/data/celerybeat-schedule" --loglevel WARNING
     PROCS+=(--proc "celery-beat=$LAST_PID" --proc "postgres=$PG_PID" --pg-url "$PG_URL_BASE/postgres")
     cd "$HERE"
-    wait_http "http://127.0.0.1:$FLEET_PORT/v1/health" gunicorn "$GUNICORN_PID"
+    wait_http "http://127.0.0.1:$FLEET_PORT/v1/health" "$API" "$API_PID"
     celld_env ;;
   worldcell-sqlite)
     PY=$(python_for_checkout)
