@@ -7,7 +7,8 @@ The cell services call these at single, delimited hook points:
 * ``RunExpired`` — HTTP 410 ``RunExpiredError`` (reads of an expired run,
   late index puts, hook finalisation, stream registration);
 * ``expired_outcome`` — the ``applyEvent`` answer ``RUN_EXPIRED``;
-* ``refuse_enqueue`` — the ``enqueue`` answer ``RUN_EXPIRED``;
+* ``enqueue_refusal`` / ``refuse_enqueue`` — the ``enqueue`` answer ``RUN_EXPIRED`` (the queue's
+  enqueue transition checks the tombstone in its own transaction, ``EnqueueRequest.fence``);
 * ``put_index_unless_expired`` — a run-scoped index put in one statement
   that does nothing for an expired run.
 
@@ -32,6 +33,7 @@ __all__ = [
     "is_expired",
     "put_index_unless_expired",
     "raise_if_expired",
+    "enqueue_refusal",
     "refuse_enqueue",
     "run_of_index_key",
 ]
@@ -127,11 +129,21 @@ def put_index_unless_expired(cell: str, key: str, text: str, run_id: str) -> Non
         raise RunExpired(run_id, expired_at_of(run_id) or clock.now())
 
 
+def enqueue_refusal(run_id: str, expired_at: datetime) -> dict[str, Any]:
+    """The ``enqueue`` answer for a message of run ``run_id``, expired at ``expired_at``.
+
+    ``{"ok":false,"code":"RUN_EXPIRED",…}``. The queue's enqueue transition
+    checks the tombstone itself, inside its transaction (``queueing.machine``,
+    ``EnqueueRequest.fence``), and answers this.
+    """
+    return {"ok": False, "code": "RUN_EXPIRED", "message": expired_message(run_id, expired_at)}
+
+
 def refuse_enqueue(run_id: str | None) -> dict[str, Any] | None:
-    """The ``enqueue`` answer for a message of an expired run (``{"ok":false,"code":"RUN_EXPIRED",…}``), or None."""
+    """The ``enqueue`` answer for a message of an expired run (``enqueue_refusal``), or None."""
     if run_id is None:
         return None
     expired_at = expired_at_of(run_id)
     if expired_at is None:
         return None
-    return {"ok": False, "code": "RUN_EXPIRED", "message": expired_message(run_id, expired_at)}
+    return enqueue_refusal(run_id, expired_at)

@@ -18,9 +18,9 @@ workflow message (``FlowMessageRecord``) again under a new message id and
 the idempotency key ``repair:<runId>:<event sequence>`` (``enqueue_once``,
 which the console's *Re-enqueue* and *Wake up* share).
 
-``remember_flow_message`` keeps that record: it is called by the queue's
-``enqueue`` (``queueing.service``) for every stored ``__wkf_workflow_*``
-message.
+The queue's ``enqueue`` keeps that record, in the same transaction as every
+stored ``__wkf_workflow_*`` message of a run (``queueing.service`` sets
+``EnqueueRequest.record_flow``; ``queueing.machine`` writes it).
 """
 from __future__ import annotations
 
@@ -43,7 +43,7 @@ from .models.tombstone import FlowMessageRecord, RunRepair
 log = logging.getLogger("cells.repair")
 
 __all__ = ["ReconcileReport", "StuckRun", "enqueue_once", "find_stuck", "lock_run", "open_waits", "reconcile",
-           "remember_flow_message", "repair_run", "repairs_total"]
+           "repair_run", "repairs_total"]
 
 #: Runs examined per reconcile tick (keyset scan over run cells, resumed where the last tick stopped).
 SCAN_BATCH = 500
@@ -82,34 +82,8 @@ def _rows(statement: str, params: list[Any]) -> list[tuple]:
 # =========================================================================== the record
 
 
-_UPSERT_FLOW = (
-    f'INSERT INTO "{wsql.table(FlowMessageRecord)}" ("run_id", "queue_cell", "queue_name", "pathname", "body", '
-    '"target_base_url", "queue_shards", "recorded_at") VALUES (%s, %s, %s, %s, %s, %s, %s, %s) '
-    'ON CONFLICT ("run_id") DO UPDATE SET "queue_cell" = excluded."queue_cell", "queue_name" = excluded."queue_name", '
-    '"pathname" = excluded."pathname", "body" = excluded."body", "target_base_url" = excluded."target_base_url", '
-    '"queue_shards" = excluded."queue_shards", "recorded_at" = excluded."recorded_at"'
-)
-
-
-def remember_flow_message(cell_name: str, request: Any) -> None:
-    """Keep ``request`` (a stored ``machine.EnqueueRequest``) as its run's latest workflow message.
-
-    Only ``__wkf_workflow_*`` messages that name a run are kept; one upsert.
-    Best effort: a failure is logged, never fails the enqueue (the message
-    itself is stored; only a later repair would lack its template).
-    """
-    from queueing.runref import FLOW_QUEUE_PREFIX
-
-    if request.run_id is None or not request.queue_name.startswith(FLOW_QUEUE_PREFIX):
-        return
-    try:
-        with connection.cursor() as cur:
-            cur.execute(_UPSERT_FLOW, [
-                request.run_id, cell_name, request.queue_name, request.pathname, codec.encode(request.body),
-                request.target_base_url, request.queue_shards, clock.now_ms(),
-            ])
-    except Exception:  # noqa: BLE001 - see docstring
-        log.exception("could not record the workflow message of run %s", request.run_id)
+# The record (``FlowMessageRecord``) is written by the queue's enqueue transition itself, in the
+# message's own transaction (``queueing.machine``, ``EnqueueRequest.record_flow``).
 
 
 # =========================================================================== finding stuck runs

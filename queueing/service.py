@@ -36,7 +36,7 @@ from worldcell.errors import ValidationError
 from worldcell.keys import require_storable as _storable
 
 from . import machine
-from .runref import run_of_message
+from .runref import FLOW_QUEUE_PREFIX, run_of_message
 
 __all__ = ["QueueCell"]
 
@@ -107,6 +107,7 @@ def parse_enqueue_request(request: Any) -> machine.EnqueueRequest:
     delay = request.get("delaySeconds")
     if delay is not None and not _number(delay):
         raise ValidationError("request.delaySeconds: expected a number")
+    run_id = run_of_message(queue_name, body)
     return machine.EnqueueRequest(
         message_id=message_id,
         queue_name=queue_name,
@@ -116,7 +117,9 @@ def parse_enqueue_request(request: Any) -> machine.EnqueueRequest:
         queue_shards=shards,
         idempotency_key=key,
         delay_seconds=delay,
-        run_id=run_of_message(queue_name, body),
+        run_id=run_id,
+        fence=run_id is not None,
+        record_flow=run_id is not None and queue_name.startswith(FLOW_QUEUE_PREFIX),
     )
 
 
@@ -136,22 +139,14 @@ class QueueCell:
 
         A message of an expired run is refused with ``{"ok":false,"code":"RUN_EXPIRED",…}``
         and a stored workflow message is remembered for stuck-run repair
-        (docs/lifecycle.md; ``cells.fence`` and ``cells.repair``).
+        (docs/lifecycle.md; ``cells.fence`` and ``cells.repair``): both inside the
+        enqueue's own transaction (``EnqueueRequest.fence``, ``record_flow``), so
+        on PostgreSQL the whole enqueue stays one round trip.
         """
         parsed = parse_enqueue_request(request)
-        if parsed.run_id is not None:
-            from cells import fence
-
-            refused = fence.refuse_enqueue(parsed.run_id)
-            if refused is not None:
-                return refused
         result = machine.enqueue(self.name, parsed)
         if result.get("ok"):
             metrics.record_enqueue(parsed.queue_name, bool(result.get("deduped")))
-            if parsed.run_id is not None and not result.get("deduped"):
-                from cells import repair
-
-                repair.remember_flow_message(self.name, parsed)
         return result
 
     def stats(self) -> dict[str, Any]:

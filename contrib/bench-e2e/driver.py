@@ -16,8 +16,10 @@ Measures, over the measured runs only (``--warmup`` runs go first and are not co
                   several trees under it. The driver's own CPU is reported as ``driver``, and
                   ``other`` is the machine's busy CPU (/proc/stat) minus all of the above:
                   other tenants of the machine, Redis, the kernel.
-  commits         with ``--pg-url``: committed PostgreSQL transactions per run, from
-                  pg_stat_database (the whole server, so give it a server only this World uses)
+  commits         with ``--pg-url``, per run, of the whole server (give it a server only this
+                  World uses): committed transactions (pg_stat_database.xact_commit, read-only
+                  ones included), writing transactions (transaction ids assigned) and WAL
+                  flushes to disk (pg_stat_wal.wal_sync)
   RPCs per run    the world-celld client's fleet RPCs by binding.method (the app counts them;
                   empty for Worlds that make none)
   load            /proc/loadavg before and after
@@ -91,14 +93,33 @@ def loadavg() -> str:
         return " ".join(fh.read().split()[:3])
 
 
-def pg_commits(url: str) -> int | None:
-    """Committed transactions of the whole PostgreSQL server at ``url`` (None if psql fails)."""
+PG_COUNTERS_SQL = (
+    "select (select sum(xact_commit) from pg_stat_database), "
+    "pg_current_xact_id()::text::bigint, (select wal_sync from pg_stat_wal)"
+)
+
+
+def pg_counters(url: str) -> tuple[int, int, int] | None:
+    """``(commits, next xid, WAL syncs)`` of the whole PostgreSQL server at ``url`` (None if psql fails).
+
+    ``commits`` is ``pg_stat_database.xact_commit`` (read-only transactions included); the
+    transaction id advances once per transaction (or subtransaction) that wrote something, and once
+    for this query itself; ``wal_sync`` counts the WAL flushes to disk (``pg_stat_wal``, PG ≥ 14).
+    """
     try:
-        out = subprocess.run(["psql", url, "-Atc", "select sum(xact_commit) from pg_stat_database"],
+        out = subprocess.run(["psql", url, "-Atc", PG_COUNTERS_SQL],
                              capture_output=True, text=True, timeout=30, check=True).stdout
-        return int(out.strip())
+        commits, xid, syncs = out.strip().split("|")
+        return int(commits), int(xid), int(syncs or 0)
     except (OSError, subprocess.SubprocessError, ValueError):
         return None
+
+
+def pg_delta(c0, c1, i: int, own: int, n: int) -> float | None:
+    """Per-run change of counter ``i`` of two ``pg_counters`` readings, less ``own`` of the reading itself."""
+    if c0 is None or c1 is None:
+        return None
+    return round((c1[i] - c0[i] - own) / n, 1)
 
 
 def percentile(values: list[float], q: float) -> float:
@@ -219,7 +240,7 @@ def main(argv: list[str] | None = None) -> int:
     commits0 = None
     if args.pg_url:
         time.sleep(1.5)
-        commits0 = pg_commits(args.pg_url)
+        commits0 = pg_counters(args.pg_url)
     load_before = loadavg()
     stats0 = runner.stats()
     table0 = proc_table()
@@ -239,7 +260,7 @@ def main(argv: list[str] | None = None) -> int:
     commits1 = None
     if args.pg_url:
         time.sleep(1.5)
-        commits1 = pg_commits(args.pg_url)
+        commits1 = pg_counters(args.pg_url)
 
     ok = [r for r in results if r.get("status") == "completed"]
     failed = [r for r in results if r.get("status") != "completed"]
@@ -269,8 +290,10 @@ def main(argv: list[str] | None = None) -> int:
         "cpu_ms_per_run": {**{n: round(v, 1) for n, v in cpu_ms.items()},
                            "driver": round(driver_ms, 1), "other": round(other_ms, 1),
                            "machine": round(machine_ms, 1)},
-        "pg_commits_per_run": (round((commits1 - commits0) / n_ok, 1)
-                               if commits0 is not None and commits1 is not None else None),
+        "pg_commits_per_run": pg_delta(commits0, commits1, 0, 0, n_ok),
+        # minus the one xid the measuring query itself takes
+        "pg_write_xacts_per_run": pg_delta(commits0, commits1, 1, 1, n_ok),
+        "pg_wal_syncs_per_run": pg_delta(commits0, commits1, 2, 0, n_ok),
         "rpcs_per_run": rpcs,
         "rpcs_per_run_total": round(sum(rpcs.values()), 1),
         "rpc_failures": (stats1.get("failed", 0) - stats0.get("failed", 0)) if stats1 else None,
@@ -294,7 +317,8 @@ def print_table(doc: dict) -> None:
           f"  max {lat['max'] or float('nan'):.0f} ms   start() p50 {st['p50']:.0f} ms")
     print("  CPU ms per run: " + "  ".join(f"{k} {v}" for k, v in doc["cpu_ms_per_run"].items()))
     if doc["pg_commits_per_run"] is not None:
-        print(f"  PostgreSQL commits per run: {doc['pg_commits_per_run']}")
+        print(f"  PostgreSQL per run: commits {doc['pg_commits_per_run']}  writing transactions "
+              f"{doc['pg_write_xacts_per_run']}  WAL flushes {doc['pg_wal_syncs_per_run']}")
     if doc["rpcs_per_run"]:
         print(f"  fleet RPCs per run: {doc['rpcs_per_run_total']} ("
               + ", ".join(f"{k} {v}" for k, v in doc["rpcs_per_run"].items()) + ")")

@@ -3,14 +3,19 @@
 # at run time. See docs/benchmarks.md.
 #
 #   contrib/bench-e2e/run.sh <world-celld-0.1.0.tgz> [--world W] [--runs 200] [--inflight 20]
-#       [--warmup 20] [--json FILE]
+#       [--warmup 20] [--json FILE] [--fleet-only]
 #
-#   W = worldcell-pg      this checkout: PostgreSQL + gunicorn + Celery worker + beat (README)
+#   W = worldcell-pg      this checkout as the README's production section starts it:
+#                         PostgreSQL + waitress + Celery worker + beat
+#       worldcell-pg-gunicorn  the same with gunicorn (gthread 3x8) as the API server
 #       worldcell-sqlite  this checkout: manage.py devfleet on SQLite
 #       world-postgres    @workflow/world-postgres 4.3.0 (graphile worker inside the app)
 #       world-local       @workflow/world-local (files, in-process queue)
 #       reference         world-celld's in-memory reference fleet (its testing entry)
 #
+# --fleet-only (worldcell-pg, worldcell-pg-gunicorn, worldcell-sqlite, reference): start the fleet
+# only, print one line "fleet ready: URL SECRET PIDS" and keep it running until Ctrl-C / SIGTERM
+# (for bench.py: --url URL --secret SECRET --server-pid PIDS --server-tree).
 # Every World gets fresh state: a new PostgreSQL cluster (initdb, default settings, durable
 # commits) on a private port for worldcell-pg and world-postgres, a new data directory otherwise.
 # Everything listens on 127.0.0.1 only. Environment:
@@ -19,6 +24,9 @@
 #   BENCH_REDIS_URL  Celery broker for worldcell-pg; default: a private redis-server started on
 #                    port base + 33 (so no other Celery app shares the broker; its CPU is counted)
 #   BENCH_KEEP=1     keep the PostgreSQL cluster's data directory after the run (logs are kept)
+#   BENCH_PG_LOG=1   analysis, not a measurement: PostgreSQL logs every statement (log_statement=all)
+#                    with its client's role (worldcell-pg: api / worker / beat as application_name)
+#                    to $RUN_DIR/pg/postgres.log; count them with contrib/bench-e2e/pg_log_counts.py
 #   BENCH_PYTHON     Python with this checkout installed; default <checkout>/.venv/bin/python,
 #                    created with `pip install -e .` when missing
 # Output: the driver's table on stdout, its JSON in --json (default
@@ -29,12 +37,12 @@ set -euo pipefail
 HERE=$(cd "$(dirname "$0")" && pwd)
 REPO=$(cd "$HERE/../.." && pwd)
 
-usage() { sed -n '2,26p' "$0" | sed 's/^# \{0,1\}//'; exit 2; }
+usage() { sed -n '2,34p' "$0" | sed 's/^# \{0,1\}//'; exit 2; }
 [[ $# -ge 1 && $1 != -* ]] || usage
 TARBALL=$(realpath "$1"); shift
 [[ -f $TARBALL ]] || { echo "no such tarball: $TARBALL" >&2; exit 2; }
 
-WORLD=worldcell-pg RUNS=200 INFLIGHT=20 WARMUP=20 JSON=""
+WORLD=worldcell-pg RUNS=200 INFLIGHT=20 WARMUP=20 JSON="" FLEET_ONLY=0
 while [[ $# -gt 0 ]]; do
   case $1 in
     --world) WORLD=$2; shift 2 ;;
@@ -42,12 +50,13 @@ while [[ $# -gt 0 ]]; do
     --inflight) INFLIGHT=$2; shift 2 ;;
     --warmup) WARMUP=$2; shift 2 ;;
     --json) JSON=$2; shift 2 ;;
+    --fleet-only) FLEET_ONLY=1; shift ;;
     -h|--help) usage ;;
     *) echo "unknown argument: $1" >&2; usage ;;
   esac
 done
 case $WORLD in
-  worldcell-pg|worldcell-sqlite|world-postgres|world-local|reference) ;;
+  worldcell-pg|worldcell-pg-gunicorn|worldcell-sqlite|world-postgres|world-local|reference) ;;
   *) echo "unknown --world $WORLD" >&2; usage ;;
 esac
 
@@ -125,6 +134,10 @@ if [[ ! -f $APP/.built-$build_key ]]; then
 fi
 
 # --- a private PostgreSQL cluster (fresh per run) ----------------------------------------------
+PG_LOG_OPTS=""
+if [[ ${BENCH_PG_LOG:-0} == 1 ]]; then
+  PG_LOG_OPTS="-c log_statement=all -c 'log_line_prefix=%m|%a|%p|%x|'"  # pg_ctl runs it through sh
+fi
 PG_BIN=${PG_BIN:-$( (pg_config --bindir 2>/dev/null) || dirname "$(readlink -f "$(command -v initdb)")")}
 pg_as() { if [[ $(id -u) == 0 ]]; then runuser -u postgres -- "$@"; else "$@"; fi; }
 start_pg() {  # sets PG_URL_BASE, PG_PID
@@ -135,7 +148,7 @@ start_pg() {  # sets PG_URL_BASE, PG_PID
   pg_as "$PG_BIN/initdb" -D "$PG_DATA" -U postgres --auth=trust -E UTF8 --locale=C.UTF-8 >"$RUN_DIR/initdb.log" 2>&1 \
     || { tail -20 "$RUN_DIR/initdb.log" >&2; exit 2; }
   pg_as "$PG_BIN/pg_ctl" -D "$PG_DATA" -w -l "$pg/postgres.log" \
-    -o "-p $PG_PORT -k $pg -c listen_addresses=127.0.0.1 -c max_connections=200 -c shared_buffers=128MB" start >/dev/null \
+    -o "-p $PG_PORT -k $pg -c listen_addresses=127.0.0.1 -c max_connections=200 -c shared_buffers=128MB $PG_LOG_OPTS" start >/dev/null \
     || { tail -20 "$pg/postgres.log" >&2; exit 2; }
   PG_PID=$(head -1 "$PG_DATA/postmaster.pid")
   PG_URL_BASE=postgres://postgres@127.0.0.1:$PG_PORT
@@ -159,7 +172,7 @@ APP_ENV=(NODE_ENV=production PORT=$APP_PORT NITRO_PORT=$APP_PORT HOST=127.0.0.1 
 celld_env() { APP_ENV+=(WORKFLOW_TARGET_WORLD=@ewhauser/world-celld CELLD_FLEET_URL=http://127.0.0.1:$FLEET_PORT CELLD_WORLD_SECRET=$SECRET); }
 
 case $WORLD in
-  worldcell-pg)
+  worldcell-pg|worldcell-pg-gunicorn)
     PY=$(python_for_checkout); BIN=$(dirname "$PY")
     start_pg
     "$PG_BIN/createdb" -h 127.0.0.1 -p "$PG_PORT" -U postgres worldcell
@@ -176,16 +189,28 @@ case $WORLD in
     "$PY" -c "import redis,sys; redis.Redis.from_url(sys.argv[1]).flushdb()" "$REDIS_URL"
     (cd "$REPO" && "$PY" manage.py migrate -v 0)
     cd "$REPO"
-    start gunicorn "$BIN/gunicorn" worldcell.wsgi:application --bind "127.0.0.1:$FLEET_PORT" \
-      --worker-class gthread --workers 3 --threads 8 --timeout 120
-    PROCS+=(--proc "gunicorn=$LAST_PID"); GUNICORN_PID=$LAST_PID
-    start celery-worker "$BIN/celery" -A worldcell worker --pool threads --concurrency 16 \
+    DB_URL=$DATABASE_URL  # BENCH_PG_LOG: each process names its role in PostgreSQL's log
+    app_db() { if [[ ${BENCH_PG_LOG:-0} == 1 ]]; then echo "$DB_URL?application_name=$1"; else echo "$DB_URL"; fi; }
+    if [[ $WORLD == worldcell-pg ]]; then
+      # the README's production API command (and contrib/systemd/worldcell-api.service), same flags
+      API=waitress
+      start waitress env DATABASE_URL="$(app_db api)" "$BIN/waitress-serve" --listen "127.0.0.1:$FLEET_PORT" --threads 8 \
+        --connection-limit 500 --max-request-body-size 34603008 --channel-timeout 30 --cleanup-interval 10 \
+        --call worldcell.wsgi:checked_application
+    else
+      API=gunicorn
+      mkdir -p "$RUN_DIR/prometheus"
+      start gunicorn env DATABASE_URL="$(app_db api)" PROMETHEUS_MULTIPROC_DIR="$RUN_DIR/prometheus" "$BIN/gunicorn" -c python:worldcell.gunicorn_conf worldcell.wsgi:application \
+        --bind "127.0.0.1:$FLEET_PORT" --worker-class gthread --workers 3 --threads 8 --timeout 120
+    fi
+    PROCS+=(--proc "$API=$LAST_PID"); API_PID=$LAST_PID
+    start celery-worker env DATABASE_URL="$(app_db worker)" "$BIN/celery" -A worldcell worker --pool threads --concurrency 16 \
       --without-gossip --without-mingle --loglevel WARNING
     PROCS+=(--proc "celery-worker=$LAST_PID")
-    start celery-beat "$BIN/celery" -A worldcell beat --schedule "$RUN_DIR/data/celerybeat-schedule" --loglevel WARNING
+    start celery-beat env DATABASE_URL="$(app_db beat)" "$BIN/celery" -A worldcell beat --schedule "$RUN_DIR/data/celerybeat-schedule" --loglevel WARNING
     PROCS+=(--proc "celery-beat=$LAST_PID" --proc "postgres=$PG_PID" --pg-url "$PG_URL_BASE/postgres")
     cd "$HERE"
-    wait_http "http://127.0.0.1:$FLEET_PORT/v1/health" gunicorn "$GUNICORN_PID"
+    wait_http "http://127.0.0.1:$FLEET_PORT/v1/health" "$API" "$API_PID"
     celld_env ;;
   worldcell-sqlite)
     PY=$(python_for_checkout)
@@ -214,6 +239,16 @@ case $WORLD in
     wait_http "http://127.0.0.1:$FLEET_PORT/v1/health" reference "$LAST_PID"
     celld_env ;;
 esac
+
+if [[ $FLEET_ONLY == 1 ]]; then
+  [[ ${#PROCS[@]} -gt 0 ]] || { echo "--fleet-only needs a World with a fleet" >&2; exit 2; }
+  pids=$(printf '%s\n' "${PROCS[@]}" | sed -n 's/^[a-z-]*=\([0-9]*\)$/\1/p' | paste -sd,)
+  all_alive || exit 2
+  log "$WORLD ready; uptime: $(uptime)"
+  echo "fleet ready: http://127.0.0.1:$FLEET_PORT $SECRET $pids"
+  while all_alive; do sleep 1; done
+  exit 1
+fi
 
 cd "$APP"
 start app env "${APP_ENV[@]}" node .output/server/index.mjs

@@ -7,7 +7,7 @@ Reads the JSON documents driver.py writes (one per round), groups them by ``labe
 World: rounds, median runs/s (and each round's), median latency p50/p99 (ms), median start() p50
 (ms), median CPU ms per run of each process group (``fleet`` = everything but the app, the driver
 and "other"; a large "other" = CPU of other tenants during the round), median PostgreSQL commits
-and fleet RPCs per run, and the 1-minute load average before each round.
+(read-only included), writing transactions and WAL flushes per run, fleet RPCs per run, and the 1-minute load average before each round.
 Standard library only.
 """
 from __future__ import annotations
@@ -18,6 +18,7 @@ import sys
 from collections import defaultdict
 
 NOT_FLEET = {"app", "driver", "other", "machine"}
+PG_KEYS = ("pg_commits_per_run", "pg_write_xacts_per_run", "pg_wal_syncs_per_run")
 
 
 def med(values):
@@ -39,7 +40,8 @@ def main(paths: list[str]) -> int:
             doc = json.load(fh)
         by_world[doc["label"]].append(doc)
     print("| World | rounds | runs/s (each round) | p50 ms | p99 ms | start() p50 ms "
-          "| CPU ms/run: app | fleet | fleet split | other | PG commits/run | fleet RPCs/run "
+          "| CPU ms/run: app | fleet | fleet split | other | PG commits / writes / WAL flushes per run "
+          "| fleet RPCs/run "
           "| load 1-min before |")
     print("|---|---|---|---|---|---|---|---|---|---|---|---|---|")
     for world, docs in sorted(by_world.items()):
@@ -58,7 +60,7 @@ def main(paths: list[str]) -> int:
               f"| {fmt(fleet)} "
               f"| {', '.join(f'{n} {fmt(v)}' for n, v in split.items()) or '–'} "
               f"| {fmt(med([d['cpu_ms_per_run'].get('other') for d in docs]), 0)} "
-              f"| {fmt(med([d.get('pg_commits_per_run') for d in docs]))} "
+              f"| {' / '.join(fmt(med([d.get(k) for d in docs])) for k in PG_KEYS)} "
               f"| {fmt(med([d.get('rpcs_per_run_total') or None for d in docs]))} "
               f"| {', '.join(d['load_before'].split()[0] for d in docs)} |")
     return 0

@@ -10,6 +10,7 @@ from typing import Any
 
 from django.db import transaction
 
+from cells import fence
 from worldcell import clock, codec
 
 from .. import config, wake
@@ -41,6 +42,16 @@ def _stored(message_id: str) -> dict[str, Any]:
     return {"ok": True, "messageId": message_id, "deduped": False}
 
 
+def _expired(run_id: str, expired_at: Any) -> dict[str, Any]:
+    """The answer to a message of an expired run (``expired_at`` as the tombstone row holds it)."""
+    return fence.enqueue_refusal(run_id, codec.to_utc_ms(expired_at))
+
+
+def _fenced_runs(requests: list[EnqueueRequest]) -> list[str]:
+    """The distinct run ids the fence must check for ``requests`` (those with ``fence``), sorted."""
+    return sorted({r.run_id for r in requests if r.fence and r.run_id is not None})
+
+
 def _config_mismatch(pinned: int, got: int) -> dict[str, Any]:
     return {
         "ok": False,
@@ -63,6 +74,13 @@ def enqueue(cell_name: str, request: EnqueueRequest, now: int | None = None) -> 
     Re-enqueueing a live ``messageId`` without dedup overwrites it (attempt
     reset; an in-flight claim of it is voided — upstream's quirk of possible
     double delivery). Returns ``{"ok":True,"messageId":…,"deduped":bool}``.
+
+    With ``request.fence`` a message of a run that has a tombstone is refused
+    first, inside the same transaction, with ``{"ok":False,"code":"RUN_EXPIRED",…}``
+    (``cells.fence.enqueue_refusal``, docs/lifecycle.md §3); with
+    ``request.record_flow`` a stored (not deduped) message also becomes its
+    run's ``FlowMessageRecord`` in that transaction (docs/lifecycle.md
+    "Stuck-run repair") — all or nothing with the message.
 
     Concurrent enqueues into the same cell from threads of this process are
     combined (``queueing.combining``): one of them runs them all in one
@@ -127,17 +145,24 @@ def _enqueue_batch(cell_name: str, requests: list[EnqueueRequest], now: int | No
         bulk: list[int] = []
         alone: list[int] = []
         seen: set[tuple[str, str]] = set()
+        fenced = _fenced_runs(requests)
+        dead = dict(db.rows(sql.tombstoned(len(fenced)), fenced)) if fenced else {}
+        mismatched = False
         for i, request in enumerate(requests):
+            if request.fence and request.run_id in dead:
+                results[i] = _expired(request.run_id, dead[request.run_id])
+                continue
             if cell.queue_shards is None:
                 QueueCell.objects.filter(pk=cell.pk).update(queue_shards=request.queue_shards, pinned_at=now)
                 cell.queue_shards, cell.pinned_at = request.queue_shards, now
             elif cell.queue_shards != request.queue_shards:
                 results[i] = _config_mismatch(cell.queue_shards, request.queue_shards)
+                mismatched = True
                 continue
             names = _names(request)
             (alone if names & seen else bulk).append(i)
             seen |= names
-        if len(bulk) + len(alone) < len(requests):
+        if mismatched:
             _wake_after_commit(cell, now)  # a mismatch held the lock too
             woken = True
 
@@ -173,6 +198,12 @@ def _enqueue_batch(cell_name: str, requests: list[EnqueueRequest], now: int | No
                 results[i] = _enqueue_alone(cell, requests[i], now, due[i], bodies[i])
         if not woken and inflight is not None and _enqueue_needs_wake(alarm_before, inflight, now):
             _wake_after_commit(cell, now)
+        for i, request in enumerate(requests):  # in arrival order: the last stored one of a run is kept
+            if request.record_flow and results[i] == _stored(request.message_id):
+                db.rowcount(sql.UPSERT_FLOW_RECORD, [
+                    request.run_id, cell_name, request.queue_name, request.pathname, bodies[i],
+                    request.target_base_url, request.queue_shards, now,
+                ])
     return results  # type: ignore[return-value]
 
 
@@ -239,7 +270,11 @@ def _enqueue_in_one_trip(cell_name: str, requests: list[EnqueueRequest]) -> list
     """The common case of ``enqueue_batch`` in one round trip; None when the cell is not known pinned here.
 
     Lock the cell, insert every request that does not repeat an earlier
-    one's id or key (``ON CONFLICT DO NOTHING``), arm the alarm for the
+    one's id or key (``ON CONFLICT DO NOTHING``) and whose run (``fence``)
+    has no tombstone — those answer ``RUN_EXPIRED`` —, upsert the
+    ``FlowMessageRecord`` of each stored ``record_flow`` request (the last
+    of each run; requests left undecided record theirs afterwards, in the general path, so
+    the record is the last stored as applied), arm the alarm for the
     earliest inserted due time, count the claims in flight, commit — without
     waiting for the WAL flush, which the script's last statement then waits
     for with the cell's lock already released (a synchronous commit flushes
@@ -276,16 +311,29 @@ def _enqueue_in_one_trip(cell_name: str, requests: list[EnqueueRequest]) -> list
         due_at = _due_at(r, now)
         params += [cell_id, r.message_id, r.queue_name, r.pathname, codec.encode(r.body), r.target_base_url,
                    r.idempotency_key, now, due_at, now, r.run_id]
+    fenced = _fenced_runs([requests[i] for i in bulk])
+    params += fenced
     soon = [now, now + config.MIN_ALARM_DELAY_MS]
-    params += [cell_id, cell_name, shards, *soon, *soon, cell_id, cell_id]
-    locked, [(inserted, alarm_at, inflight)], _ = db.run_script(sql.one_trip_enqueue(len(bulk)), params)
+    params += [cell_id, cell_name, shards, *soon, *soon, cell_id]
+    records = [(i, requests[i].message_id) for i in bulk if requests[i].record_flow]
+    if records:
+        params += [cell_name, shards, now]
+        for record in records:
+            params += record
+    params.append(cell_id)
+    script = sql.one_trip_enqueue(len(bulk), len(fenced), len(records))
+    locked, [(inserted, alarm_at, inflight, dead_runs, dead_at)], _ = db.run_script(script, params)
     if [row[:2] for row in locked] != [(cell_name, shards)]:
         _known_cells.pop(cell_name, None)  # stale (the cell was deleted): the general path re-learns it
         return decided
     inserted = set(inserted)
+    dead = dict(zip(dead_runs, dead_at))
     for i in bulk:
-        if requests[i].message_id in inserted:
-            decided[i] = _stored(requests[i].message_id)
+        r = requests[i]
+        if r.message_id in inserted:
+            decided[i] = _stored(r.message_id)
+        elif r.fence and r.run_id in dead:
+            decided[i] = _expired(r.run_id, dead[r.run_id])
     if _enqueue_needs_wake(locked[0][2], inflight, now):
         wake.after_transition(cell_name, alarm_at, now)
     return decided

@@ -32,11 +32,15 @@ from functools import lru_cache
 
 from worldcell.sql import table
 
+from cells.models.tombstone import FlowMessageRecord, RunTombstone
+
 from ..models import DeadLetter, Message, QueueCell
 
 M = table(Message)
 C = table(QueueCell)
 D = table(DeadLetter)
+T = table(RunTombstone)
+F = table(FlowMessageRecord)
 
 
 def placeholders(n: int, item: str = "%s") -> str:
@@ -231,6 +235,33 @@ RETRY = (
 )
 
 
+# --------------------------------------------------------------------------- the run's fence and flow record
+
+
+@lru_cache(maxsize=None)
+def tombstoned(n: int) -> str:
+    """Which of ``n`` run ids have a tombstone (the retention fence, docs/lifecycle.md §3): ``(run id, expired_at)``.
+
+    The one test of "this run is expired" for enqueues, used by the general
+    path as it stands and by ``one_trip_enqueue`` as its ``"dead"`` CTE.
+    Parameters: the run ids.
+    """
+    return f'SELECT "run_id", "expired_at" FROM "{T}" WHERE "run_id" IN ({placeholders(n)})'
+
+
+FLOW_RECORD_COLUMNS = '"run_id", "queue_cell", "queue_name", "pathname", "body", "target_base_url", "queue_shards", "recorded_at"'
+#: A later workflow message of the run replaces its record (docs/lifecycle.md "Stuck-run repair").
+FLOW_RECORD_CONFLICT = (
+    'ON CONFLICT ("run_id") DO UPDATE SET "queue_cell" = excluded."queue_cell", "queue_name" = excluded."queue_name", '
+    '"pathname" = excluded."pathname", "body" = excluded."body", "target_base_url" = excluded."target_base_url", '
+    '"queue_shards" = excluded."queue_shards", "recorded_at" = excluded."recorded_at"'
+)
+#: Parameters: run id, cell name, queue name, pathname, body, target, shards, now.
+UPSERT_FLOW_RECORD = (
+    f'INSERT INTO "{F}" ({FLOW_RECORD_COLUMNS}) VALUES (%s, %s, %s, %s, %s, %s, %s, %s) {FLOW_RECORD_CONFLICT}'
+)
+
+
 # --------------------------------------------------------------------------- one-trip scripts (PostgreSQL)
 
 #: Commit without waiting for the WAL flush (see ``outcomes.apply_outcomes``).
@@ -244,26 +275,51 @@ def script(*statements: str) -> str:
     return "; ".join(statements)
 
 
-@lru_cache(maxsize=None)
-def one_trip_enqueue(n: int) -> str:
-    """Lock, insert ``n`` rows unless the cell changed, ``armAlarmAtMost`` their earliest due, commit, flush.
+_RECORD_ROW = "(CAST(%s AS INTEGER), CAST(%s AS TEXT))"
 
-    Parameters: cell id (lock); the ``NEW_MESSAGE_TYPED`` rows; cell id,
+
+@lru_cache(maxsize=None)
+def one_trip_enqueue(n: int, n_fenced: int = 0, n_records: int = 0) -> str:
+    """Lock, insert ``n`` rows unless the cell changed or their run is expired, ``armAlarmAtMost`` their
+    earliest due, record the stored workflow messages, commit, flush.
+
+    Parameters: cell id (lock); the ``NEW_MESSAGE_TYPED`` rows; the
+    ``n_fenced`` run ids to check against the fence (``tombstoned``; a row
+    whose run id is among the tombstoned ones is not inserted); cell id,
     name, shards (the cell is still the one known pinned); ``armed``'s and
-    ``soon``'s (``now``, ``now + 1`` each); cell id (arm); cell id (count).
+    ``soon``'s (``now``, ``now + 1`` each); cell id (arm); with
+    ``n_records``: cell name, shards, ``now``, then ``(order, message id)``
+    per candidate record (the last stored one of each run is kept);
+    cell id (count).
     Rows: the locked cell ``(name, shards, alarm)``; ``(inserted ids, alarm
-    set or NULL, claims in flight)``.
+    set or NULL, claims in flight, tombstoned run ids, their expired_at)``.
     """
+    dead = tombstoned(n_fenced) if n_fenced else f'SELECT "run_id", "expired_at" FROM "{T}" WHERE FALSE'
+    record = ""
+    if n_records:
+        record = (
+            f', "rec" AS (INSERT INTO "{F}" ({FLOW_RECORD_COLUMNS}) '
+            'SELECT DISTINCT ON ("v"."run_id") "v"."run_id", CAST(%s AS TEXT), "v"."queue_name", "v"."pathname", '
+            '"v"."body", "v"."target_base_url", CAST(%s AS INTEGER), CAST(%s AS BIGINT) '
+            f'FROM (VALUES {placeholders(n_records, _RECORD_ROW)}) AS "r"("ord", "mid") '
+            'JOIN "ins" ON "ins"."message_id" = "r"."mid" JOIN "v" ON "v"."message_id" = "r"."mid" '
+            f'ORDER BY "v"."run_id", "r"."ord" DESC {FLOW_RECORD_CONFLICT}) '
+        )
     insert = (
-        f'WITH "ins" AS (INSERT INTO "{M}" ({MESSAGE_COLUMNS}) '
-        f'SELECT * FROM (VALUES {placeholders(n, NEW_MESSAGE_TYPED)}) AS "v" '
+        f'WITH "v" ({MESSAGE_COLUMNS}) AS (VALUES {placeholders(n, NEW_MESSAGE_TYPED)}), '
+        f'"dead" AS ({dead}), '
+        f'"ins" AS (INSERT INTO "{M}" ({MESSAGE_COLUMNS}) SELECT * FROM "v" '
         f'WHERE EXISTS (SELECT 1 FROM "{C}" WHERE "id" = %s AND "name" = %s AND "queue_shards" = %s) '
+        'AND NOT EXISTS (SELECT 1 FROM "dead" WHERE "dead"."run_id" = "v"."run_id") '
         'ON CONFLICT DO NOTHING RETURNING "message_id", "due_at"), '
         f'"arm" AS (UPDATE "{C}" SET "alarm_at" = {armed(_ALARM, _TARGET)} '
         f'FROM (SELECT {soon(_EARLIEST_INSERTED)} AS "t" FROM "ins") AS "t" '
-        'WHERE "id" = %s AND "t"."t" IS NOT NULL RETURNING "alarm_at") '
+        'WHERE "id" = %s AND "t"."t" IS NOT NULL RETURNING "alarm_at")'
+        f'{record} '
         "SELECT COALESCE((SELECT array_agg(\"message_id\") FROM \"ins\"), '{}'), "
-        f'(SELECT "alarm_at" FROM "arm"), ({inflight_count("%s")})'
+        f'(SELECT "alarm_at" FROM "arm"), ({inflight_count("%s")}), '
+        "COALESCE((SELECT array_agg(\"run_id\") FROM \"dead\"), '{}'), "
+        "COALESCE((SELECT array_agg(\"expired_at\") FROM \"dead\"), '{}')"
     )
     return script("BEGIN", NO_FLUSH, f'SELECT "name", "queue_shards", "alarm_at" FROM "{C}" WHERE "id" = %s FOR UPDATE',
                   insert, "COMMIT", FLUSH)

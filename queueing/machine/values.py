@@ -31,6 +31,12 @@ class EnqueueRequest:
     delay_seconds: float | None = None
     #: the run the body names (``queueing.runref.run_of_message``), stored on the row for retention
     run_id: str | None = None
+    #: refuse the message with ``RUN_EXPIRED`` when ``run_id`` has a tombstone (docs/lifecycle.md §3);
+    #: checked inside the enqueue transaction (the queue service sets it for every message of a run)
+    fence: bool = False
+    #: when stored, also keep it as its run's latest workflow message (``FlowMessageRecord``,
+    #: docs/lifecycle.md "Stuck-run repair"), in the same transaction
+    record_flow: bool = False
 
 
 @dataclass(frozen=True)

@@ -4,6 +4,8 @@ generated inputs (PostgreSQL; SQLite has only the Python path).
 
 * rule level: ``machine.lock.soon`` / ``next_alarm`` / ``armed`` against the SQL fragments
   ``machine.sql.soon`` / ``armed`` that the one-trip scripts embed, evaluated by PostgreSQL;
+* enqueue: generated batches get the same answers, rows and flow records through
+  ``_enqueue_in_one_trip`` (the fence and the record restated in SQL) and the general path;
 * transition level: generated cell states (pending and in-flight messages, lost claims, attempt
   counts) get the same generated delivery outcomes once through ``_outcomes_in_one_trip`` and
   once through the Python path, on two identical cells; labels, claims, every message row, the
@@ -13,6 +15,7 @@ generated inputs (PostgreSQL; SQLite has only the Python path).
 """
 from __future__ import annotations
 
+import json
 import uuid
 
 import pytest
@@ -20,7 +23,9 @@ from django.db import connection
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from cells.models import FlowMessageRecord, RunTombstone
 from queueing import attempt_log, config, machine
+from worldcell import codec
 from queueing.machine import db, lock, sql
 from queueing.models import DeadLetter, DeliveryAttempt, Message, OutcomeMinute, QueueCell
 
@@ -200,3 +205,124 @@ def test_outcomes_in_one_trip_equal_the_python_path_on_generated_cell_states(sta
         DeliveryAttempt.objects.filter(cell_id__in=ids).delete()
         OutcomeMinute.objects.filter(cell_id__in=ids).delete()
         QueueCell.objects.filter(name__endswith=tag).delete()
+
+
+# --------------------------------------------------------------------------- enqueue: the fence and the flow record
+#
+# The one-trip enqueue restates two rules in SQL: a message of a run that has a tombstone is
+# refused (``RUN_EXPIRED``, docs/lifecycle.md §3), and a stored workflow message becomes its run's
+# ``FlowMessageRecord``, the last stored one of a batch winning (docs/lifecycle.md "Stuck-run
+# repair"). Generated batches (repeated ids and keys, flow and step messages, runs with and without
+# a tombstone) go once through the one-trip script and once through the general path, each on its
+# own cell and its own run ids; answers, message rows and records must come out the same.
+
+RUNS = ("r0", "r1", "r2")
+enqueue_item = st.fixed_dictionaries({
+    "mid": st.sampled_from(["a", "b", "c", "d"]),
+    "key": st.sampled_from([None, None, "k1", "k2"]),
+    "run": st.sampled_from(RUNS + (None,)),
+    "flow": st.booleans(),
+    "delay": st.sampled_from([None, 0, 3]),
+})
+
+
+def enqueue_requests(items: list[dict], prefix: str) -> list[machine.EnqueueRequest]:
+    from queueing.service import parse_enqueue_request
+
+    out = []
+    for n, it in enumerate(items):
+        run = f"{prefix}{it['run']}" if it["run"] else None
+        member = "runId" if it["flow"] else "workflowRunId"
+        body = json.dumps({member: run, "n": n}) if run else json.dumps({"n": n})
+        wire = {"messageId": it["mid"], "queueName": "__wkf_workflow_t" if it["flow"] else "__wkf_step_t",
+                "pathname": "flow" if it["flow"] else "step", "body": body,
+                "config": {"targetBaseUrl": "http://127.0.0.1:1", "queueShards": 1}}
+        if it["key"]:
+            wire["idempotencyKey"] = it["key"]
+        if it["delay"] is not None:
+            wire["delaySeconds"] = it["delay"]
+        out.append(parse_enqueue_request(wire))
+    return out
+
+
+def enqueue_snapshot(cell_name: str, prefix: str) -> dict:
+    rows = {m.message_id: (m.idempotency_key, m.due_at, m.body, m.run_id and m.run_id.removeprefix(prefix),
+                           m.attempt)
+            for m in Message.objects.filter(cell__name=cell_name)}
+    records = {r.run_id.removeprefix(prefix): (r.queue_cell == cell_name, r.queue_name, r.pathname,
+                                               r.body.replace(prefix, ""), r.queue_shards, r.recorded_at)
+               for r in FlowMessageRecord.objects.filter(run_id__startswith=prefix)}
+    alarm = QueueCell.objects.get(name=cell_name).alarm_at
+    return {"messages": {k: (*v[:2], v[2].replace(prefix, ""), *v[3:]) for k, v in rows.items()},
+            "records": records, "alarm": alarm}
+
+
+def repeats(items: list[dict]) -> bool:
+    """Whether a request repeats an earlier one's message id or idempotency key (``enqueue_batch``)."""
+    seen: set = set()
+    for it in items:
+        names = {("id", it["mid"])} | ({("key", it["key"])} if it["key"] else set())
+        if names & seen:
+            return True
+        seen |= names
+    return False
+
+
+def normalised(answers: list[dict], prefix: str) -> list[dict]:
+    return [{k: (v.replace(prefix, "") if isinstance(v, str) else v) for k, v in a.items()} for a in answers]
+
+
+@HYPOTHESIS
+@given(items=st.lists(enqueue_item, min_size=1, max_size=6), expired=st.sets(st.sampled_from(RUNS)),
+       recorded=st.sets(st.sampled_from(RUNS)))
+def test_enqueue_in_one_trip_fences_and_records_like_the_general_path(items, expired, recorded, monkeypatch):
+    clock = VirtualClock(NOW).install()
+    tag = uuid.uuid4().hex[:8]
+    results = {}
+    try:
+        for path in ("one", "py"):
+            prefix = f"{path}-{tag}-"
+            cell_name = f"q:{prefix}"
+            for run in expired:
+                when = codec.from_epoch_ms(NOW - 86_400_000)
+                RunTombstone.objects.create(run_id=prefix + run, workflow_name="w", deployment_id="d",
+                                            status="completed", created_at=when, updated_at=when,
+                                            expired_at=when, tombstoned_at=when, reason="manual")
+            for run in recorded:  # an earlier workflow message of the run: replaced when a new one is stored
+                FlowMessageRecord.objects.create(run_id=prefix + run, queue_cell="q:old", queue_name="__wkf_workflow_t",
+                                                 pathname="flow", body='"old"', target_base_url="http://old",
+                                                 queue_shards=1, recorded_at=NOW - 5)
+            machine._known_cells.clear()
+            for _ in range(2):  # creates and pins the cell, then learns it pinned (the general path, both times)
+                assert machine.enqueue(cell_name, enqueue_requests([{"mid": "pin", "key": None, "run": None,
+                                                                     "flow": False, "delay": None}], prefix)[0])["ok"]
+            Message.objects.filter(cell__name=cell_name, message_id="pin").delete()
+            machine.rearm_alarm(cell_name)
+            requests = enqueue_requests(items, prefix)
+            with monkeypatch.context() as m:
+                if path == "py":
+                    m.setattr(db, "one_trip_enabled", lambda: False)
+                else:
+                    assert db.one_trip_enabled() and cell_name in machine._known_cells
+                answers = machine.enqueue_batch(cell_name, requests)
+            results[path] = (normalised(answers, prefix), enqueue_snapshot(cell_name, prefix))
+        one, py = results["one"], results["py"]
+        assert one[0] == py[0] and one[1]["messages"] == py[1]["messages"] and one[1]["alarm"] == py[1]["alarm"]
+        if not repeats(items):
+            assert one[1]["records"] == py[1]["records"]
+        else:
+            # a request repeating an earlier one's id or key is left to the general path, after the
+            # script: the record is then the last stored as applied, one of the run's stored ones
+            assert one[1]["records"].keys() == py[1]["records"].keys()
+            for run, record in one[1]["records"].items():
+                stored = {py[1]["messages"][a["messageId"]][2] for a, it in zip(py[0], items)
+                          if it["run"] == run and it["flow"] and a.get("ok") and not a["deduped"]}
+                assert record[3] in stored or record == py[1]["records"][run]
+        for answer, it in zip(results["one"][0], items):  # the fence refuses exactly the expired runs' messages
+            assert (answer.get("code") == "RUN_EXPIRED") == (it["run"] in expired)
+    finally:
+        clock.uninstall()
+        machine._known_cells.clear()
+        QueueCell.objects.filter(name__contains=tag).delete()
+        RunTombstone.objects.filter(run_id__contains=tag).delete()
+        FlowMessageRecord.objects.filter(run_id__contains=tag).delete()
