@@ -80,7 +80,13 @@ def test_an_event_takes_two_round_trips(run, monkeypatch):
     outcomes = _lifecycle(run)
     monkeypatch.undo()
     ours = [q for q in sent if q != "SELECT 1"]  # not Django's CONN_HEALTH_CHECKS probes
-    assert len(ours) == 2 * len(outcomes), ours
+    # an UPDATE writes only the members that changed (cells/run_store.py ``changed``): when two
+    # events fall in the same millisecond, ``updatedAt`` is unchanged and the statement has a
+    # shape the warm-up did not prepare, which costs one PREPARE on this connection, once
+    prepares = [q for q in ours if q.startswith("PREPARE ")]
+    ours = [q for q in ours if not q.startswith("PREPARE ")]
+    assert len(prepares) <= 3 and all(" UPDATE " in q for q in prepares), prepares
+    assert len(ours) == 2 * len(outcomes), "\n".join(q[:90] for q in ours)
     assert all(q.startswith("BEGIN; EXECUTE wc_run_") for q in ours[::2])
     assert all(q.endswith("; COMMIT") for q in ours[1::2])
 
