@@ -37,6 +37,7 @@ from django.core.exceptions import PermissionDenied
 from django.db.models import Q
 from django.conf import settings
 from django.http import Http404, HttpResponseRedirect
+from django.utils.http import MAX_URL_REDIRECT_LENGTH
 from django.shortcuts import get_object_or_404
 from django.template.response import TemplateResponse
 from django.urls import path, reverse
@@ -49,11 +50,14 @@ from worldcell.admin_site import (
     distinct_values_filter,
     format_datetime,
     format_duration_ms,
+    row_pk,
+    row_pk_or_404,
     status_badge,
 )
 
 from . import admin_runlist, admin_streams, admin_waterfall, operator_actions
 from .admin_actions import BULK_MAX_RUNS, RunActionsMixin
+from .event_machine import TERMINAL_RUN
 from .models import Event, Hook, HookMarker, Run, Step, Stream, StreamChunk, StreamRegistration
 from .operations import CancelResult, cancel_run
 
@@ -205,8 +209,9 @@ class RunAdmin(RunActionsMixin, OperatorModelAdmin):
         for name in RUN_PAYLOADS:
             annotations.update(display.payload_annotations(name))
         try:
-            return self.get_queryset(request).annotate(**annotations).get(pk=int(object_id))
-        except (Run.DoesNotExist, ValueError, TypeError):
+            pk = row_pk(object_id)
+            return None if pk is None else self.get_queryset(request).annotate(**annotations).get(pk=pk)
+        except Run.DoesNotExist:
             return None
 
     def get_search_results(self, request, queryset, search_term):
@@ -434,6 +439,8 @@ class RunAdmin(RunActionsMixin, OperatorModelAdmin):
             "live_every_s": LIVE_EVERY_S,
             "live_every": f"{LIVE_EVERY_S} s",
             "live_status": self.status_summary(run),
+            # a finished run no longer changes: its fragment comes back without the polling trigger
+            "live_final": run.status in TERMINAL_RUN,
             "live_now": format_datetime(codec.from_epoch_ms(now_ms)),
             "time_zone_name": settings.TIME_ZONE,
             "step_rows": step_rows,
@@ -591,13 +598,17 @@ class RunAdmin(RunActionsMixin, OperatorModelAdmin):
         if found:
             self.message_user(request, f"More than one run id starts with {prefix!r}: the matching runs are listed.")
         elif prefix:
-            self.message_user(request, f"No run id starts with {prefix!r}.", messages.WARNING)
-        return HttpResponseRedirect(reverse("admin:cells_run_changelist") + ("?" + urlencode({"q": prefix}) if prefix else ""))
+            shown = prefix if len(prefix) <= 80 else prefix[:80] + "…"
+            self.message_user(request, f"No run id starts with {shown!r}.", messages.WARNING)
+        target = reverse("admin:cells_run_changelist") + ("?" + urlencode({"q": prefix}) if prefix else "")
+        if len(target) > MAX_URL_REDIRECT_LENGTH:  # a prefix far longer than any run id
+            target = reverse("admin:cells_run_changelist")
+        return HttpResponseRedirect(target)
 
     def _run_or_404(self, request, object_id) -> Run:
         if not self.has_view_permission(request):
             raise PermissionDenied
-        return get_object_or_404(self.get_queryset(request), pk=object_id)
+        return get_object_or_404(self.get_queryset(request), pk=row_pk_or_404(object_id))
 
     def by_id_view(self, request, run_id: str):
         """``/admin/cells/run/by-id/<runId>/`` -> the run page (for links from other pages), or its tombstone."""

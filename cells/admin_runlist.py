@@ -35,6 +35,7 @@ from .models import Event, Hook, Run, RunCellState
 __all__ = [
     "COUNT_CAP",
     "FAILURE_HEAD_CHARS",
+    "MAX_TERM_CHARS",
     "SQLITE_SCAN_ROWS",
     "StatusCountFilter",
     "failure_annotation",
@@ -51,6 +52,9 @@ FAILURE_HEAD_CHARS = 600
 SQLITE_SCAN_ROWS = 50_000
 #: Runs each kind of search match contributes at most (newest first).
 SEARCH_MATCHES = 2_000
+#: Longest search term or jump prefix looked up (longer: nothing matches). SQLite refuses LIKE
+#: patterns over 50,000 bytes, and no run id, workflow name or deployment is this long in practice.
+MAX_TERM_CHARS = 1_000
 #: Shortest term searched as a substring (shorter: prefix only, a trigram needs 3 characters).
 SUBSTRING_MIN_CHARS = 3
 #: Upper bound appended to a prefix for an index range scan (the largest code point).
@@ -166,7 +170,7 @@ def search_runs(queryset: QuerySet, term: str) -> QuerySet:
     term = term.strip()
     if not term:
         return queryset
-    if not storable_text(term):
+    if not storable_text(term) or len(term) > MAX_TERM_CHARS:
         return queryset.none()
     cap = SEARCH_MATCHES
     pks = set(Event.objects.filter(correlation_id=term).order_by().values_list("run_id", flat=True).distinct()[:cap])
@@ -195,7 +199,7 @@ def runs_with_prefix(prefix: str, limit: int = 2) -> list[tuple[int, str]]:
     PostgreSQL: ``UPPER(name) LIKE UPPER('prefix%')`` through the trigram index
     on the cell name (then the case is compared exactly); SQLite: an index range.
     """
-    if not prefix or not storable_text(prefix):
+    if not prefix or not storable_text(prefix) or len(prefix) > MAX_TERM_CHARS:
         return []
     cells = RunCellState.objects.filter(expired=False, run__isnull=False)
     if connection.vendor == "postgresql":

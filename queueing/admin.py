@@ -35,6 +35,8 @@ from worldcell.admin_site import (
     format_duration_ms,
     format_epoch_ms,
     query_string,
+    row_pk,
+    row_pk_or_404,
     status_badge,
 )
 
@@ -308,12 +310,15 @@ class _StoredMessageAdmin:
 
     def get_object(self, request, object_id, from_field=None):
         """One row with a long preview of its body; None when there is no such row."""
+        pk = row_pk(object_id)
+        if pk is None:
+            return None
         try:
             return (
                 super().get_queryset(request).select_related("cell").defer("body")
-                .annotate(**display.payload_annotations("body")).get(pk=int(object_id))
+                .annotate(**display.payload_annotations("body")).get(pk=pk)
             )
-        except (self.model.DoesNotExist, ValueError, TypeError):
+        except self.model.DoesNotExist:
             return None
 
     def get_search_results(self, request, queryset, search_term):
@@ -586,7 +591,7 @@ class DeadLetterAdmin(RedriveEditedUrlMixin, _StoredMessageAdmin, OperatorModelA
     def _one(self, request, object_id) -> DeadLetter:
         if request.method != "POST":
             raise PermissionDenied("POST only")
-        return get_object_or_404(DeadLetter.objects.select_related("cell"), pk=object_id)
+        return get_object_or_404(DeadLetter.objects.select_related("cell"), pk=row_pk_or_404(object_id))
 
     def redrive_one_view(self, request, object_id: int):
         """POST ``<pk>/redrive/``: the dead letter page's "Redrive" button."""

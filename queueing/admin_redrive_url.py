@@ -22,6 +22,8 @@ from django.shortcuts import get_object_or_404
 from django.template.response import TemplateResponse
 from django.urls import path, reverse
 
+from worldcell.admin_site import row_pk_or_404
+
 from .models import DeadLetter
 from .operations import check_target_url, redrive_to_url
 
@@ -44,7 +46,7 @@ class RedriveEditedUrlMixin:
         """The form (GET), the confirmation old → new (POST ``target``), the redrive (POST ``post=yes``)."""
         if not self.has_redrive_edited_url_permission(request):
             raise PermissionDenied
-        dead = get_object_or_404(DeadLetter.objects.select_related("cell"), pk=object_id)
+        dead = get_object_or_404(DeadLetter.objects.select_related("cell"), pk=row_pk_or_404(object_id))
         page = reverse("admin:queueing_deadletter_change", args=[dead.pk])
         entered = request.POST.get("target", dead.target_base_url) if request.method == "POST" else dead.target_base_url
         url, why = (check_target_url(entered) if request.method == "POST" else (None, ""))

@@ -77,7 +77,7 @@ def check_target_url(text: str) -> tuple[str | None, str]:
 
     A target base URL is absolute ``http`` or ``https`` with a host
     (deliveries POST to ``<it>/.well-known/workflow/v1/<pathname>``,
-    protocol.md §7.11), no query or fragment, storable text of at most
+    protocol.md §7.11), no query or fragment, no user name or password, storable text of at most
     ``TARGET_BASE_URL_MAX_BYTES`` bytes; surrounding blanks are dropped.
     """
     from urllib.parse import urlsplit
@@ -104,6 +104,9 @@ def check_target_url(text: str) -> tuple[str | None, str]:
         return None, "the URL must name a host (an absolute URL such as https://app.example.com)"
     if parts.query or parts.fragment or "?" in url or "#" in url:
         return None, "a target base URL has no query or fragment"
+    if "@" in parts.netloc:
+        return None, ("a URL with a user name or password is not accepted here: it would be shown on "
+                      "the confirmation page and written to the admin log")
     return url, ""
 
 

@@ -29,6 +29,7 @@ from typing import Any
 
 from django.contrib import admin
 from django.core.paginator import Paginator
+from django.http import Http404
 from django.db import connection
 from django.urls import reverse
 from django.utils.html import format_html
@@ -43,8 +44,34 @@ __all__ = [
     "format_datetime",
     "format_duration_ms",
     "format_epoch_ms",
+    "row_pk",
+    "row_pk_or_404",
     "status_badge",
 ]
+
+#: The largest primary key a row can have (a signed 64-bit column on PostgreSQL and SQLite).
+MAX_ROW_PK = 2**63 - 1
+
+
+def row_pk(object_id: Any) -> int | None:
+    """``object_id`` (a URL part) as a row's primary key, or None when no row can have it.
+
+    Not an integer, < 1 or > 2^63 - 1 -> None, so that a page asked for such a row answers
+    404 instead of passing the number to the database driver (which raises OverflowError).
+    """
+    try:
+        pk = int(object_id)
+    except (TypeError, ValueError):
+        return None
+    return pk if 1 <= pk <= MAX_ROW_PK else None
+
+
+def row_pk_or_404(object_id: Any) -> int:
+    """``row_pk(object_id)``; raises ``Http404`` when it is None."""
+    pk = row_pk(object_id)
+    if pk is None:
+        raise Http404("no such row")
+    return pk
 
 
 class ConsoleSite(admin.AdminSite):

@@ -201,7 +201,8 @@ def test_redrive_to_an_edited_url_checks_it_shows_old_and_new_and_delivers_there
 
     for bad, why in (("ftp://x.test", "must start with http:// or https://"), ("/relative", "must start with http"),
                      ("http://", "must name a host"), ("http://a b.test", "spaces or control characters"),
-                     ("https://x.test/?q=1", "no query or fragment"), (old, "its current target")):
+                     ("https://x.test/?q=1", "no query or fragment"), (old, "its current target"),
+                     ("https://ops:hunter2@x.test", "user name or password is not accepted")):
         page = ops.post(f"{DEAD}{dead.pk}/redrive-url/", {"target": bad, "post": "yes"}).content.decode()
         assert why in page, (bad, page[:200])
     assert DeadLetter.objects.filter(pk=dead.pk).exists() and not Message.objects.exists()
