@@ -109,10 +109,17 @@ def _run_duration_ms(run: Run, now_ms: int) -> tuple[int | None, bool]:
     return now_ms - codec.epoch_ms(start), True
 
 
-def _error_line(stored: display.StoredText | None) -> str:
-    """One line for a StructuredError column: its ``message`` (and ``code``), else an inline preview."""
+def _error_line(stored: display.StoredText | None, *, earlier: bool = False) -> str:
+    """One line for a StructuredError column: its ``message`` (and ``code``), else an inline preview.
+
+    ``earlier``: the error of an attempt before the one that succeeded (a completed step keeps
+    its last retry's error), shown muted and labelled so, not as a failure.
+    """
     if stored is None:
         return ""
+    if earlier:
+        return format_html('<span class="wc-rel" title="a failed attempt before the one that completed">'
+                           'earlier attempt: {}</span>', _error_line(stored))
     try:
         if stored.complete:
             value = codec.decode(stored.head)
@@ -353,7 +360,7 @@ class RunAdmin(RunActionsMixin, OperatorModelAdmin):
                 "duration": format_duration_ms(
                     codec.epoch_ms(s.completed_at) - codec.epoch_ms(s.started_at)
                 ) if s.completed_at and s.started_at else "",
-                "error": _error_line(display.stored_text(s, "error")),
+                "error": _error_line(display.stored_text(s, "error"), earlier=s.status == "completed"),
             }
             for s in steps
         ]
@@ -666,7 +673,8 @@ class RunAdmin(RunActionsMixin, OperatorModelAdmin):
             payloads=[
                 ("input", display.render_payload(display.stored_text(step, "input"))),
                 ("output", display.render_payload(display.stored_text(step, "output"))),
-                ("error", display.render_structured_error(display.stored_text(step, "error"))),
+                ("error of an earlier attempt" if step.status == "completed" else "error",
+                 display.render_structured_error(display.stored_text(step, "error"))),
             ],
             event_rows=[
                 {

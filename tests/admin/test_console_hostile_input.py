@@ -60,3 +60,15 @@ def test_a_finished_run_page_does_not_poll_and_a_running_one_does(admin_client):
     assert "no longer refreshes" in done
     fragment = admin_client.get(f"{RUNS}{finished.pk}/live/").content.decode()
     assert "hx-trigger" not in fragment  # the last poll of a run that just finished ends the polling
+
+
+def test_a_completed_steps_error_is_shown_as_an_earlier_attempts(admin_client):
+    from cells.models import Step
+    from worldcell import codec
+
+    (run,) = seed_runs(1, 2)
+    Step.objects.filter(run_id=run.cell_id, step_id="step_0000").update(error=codec.encode({"message": "upstream timeout"}))
+    page = admin_client.get(f"{RUNS}{run.pk}/change/").content.decode()
+    assert "earlier attempt: " in page and "upstream timeout" in page
+    step = admin_client.get(f"{RUNS}{run.pk}/step/", {"id": "step_0000"}).content.decode()
+    assert "error of an earlier attempt" in step.lower()
