@@ -294,9 +294,13 @@ class RunAdmin(RunActionsMixin, OperatorModelAdmin):
         counts = getattr(obj, "wc_counts", None)
         if counts is None:
             return "—"
+        def n(count: int, noun: str) -> str:
+            return f"{count:,} {noun}{'' if count == 1 else 's'}"
+
         return format_html(
-            "{} events · {} steps · {} live hooks of {} created",
-            f"{obj.cell.event_sequence:,}", f"{counts['steps']:,}", f"{counts['live_hooks']:,}", f"{counts['hooks']:,}",
+            "{} · {} · {} of {} created",
+            n(obj.cell.event_sequence, "event"), n(counts["steps"], "step"), n(counts["live_hooks"], "live hook"),
+            f"{counts['hooks']:,}",
         )
 
     @admin.display(description="input")
