@@ -37,11 +37,11 @@ from django.core.exceptions import PermissionDenied
 from django.db.models import Q
 from django.conf import settings
 from django.http import Http404, HttpResponseRedirect
-from django.utils.http import MAX_URL_REDIRECT_LENGTH
 from django.shortcuts import get_object_or_404
 from django.template.response import TemplateResponse
 from django.urls import path, reverse
 from django.utils.html import format_html
+from django.utils.http import MAX_URL_REDIRECT_LENGTH
 
 from worldcell import clock, codec, display
 from worldcell.keys import storable_text
@@ -294,6 +294,7 @@ class RunAdmin(RunActionsMixin, OperatorModelAdmin):
         counts = getattr(obj, "wc_counts", None)
         if counts is None:
             return "—"
+
         def n(count: int, noun: str) -> str:
             return f"{count:,} {noun}{'' if count == 1 else 's'}"
 
