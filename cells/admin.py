@@ -89,8 +89,6 @@ LIVE_EVERY_S = 5
 RUN_PAYLOADS = ("input", "output", "error", "execution_context")
 STEP_PAYLOADS = ("input", "output", "error")
 
-TERMINAL_RUN_STATUSES = frozenset({"completed", "failed", "cancelled"})
-
 
 def _event_family(event_type: str) -> str:
     """``run`` / ``step`` / ``hook`` / ``wait``: the timeline colour of an event type."""
@@ -104,7 +102,7 @@ def _run_duration_ms(run: Run, now_ms: int) -> tuple[int | None, bool]:
         return None, False
     if run.completed_at is not None:
         return codec.epoch_ms(run.completed_at) - codec.epoch_ms(start), False
-    if run.status in TERMINAL_RUN_STATUSES:
+    if run.status in TERMINAL_RUN:
         return None, False
     return now_ms - codec.epoch_ms(start), True
 
@@ -327,7 +325,7 @@ class RunAdmin(RunActionsMixin, OperatorModelAdmin):
             context.update(self._run_sections(request, obj))
             context["title"] = f"Run {obj.cell.name}"
             context["subtitle"] = None
-            context["can_cancel"] = self.has_cancel_permission(request) and obj.status not in TERMINAL_RUN_STATUSES
+            context["can_cancel"] = self.has_cancel_permission(request) and obj.status not in TERMINAL_RUN
             context.update(self.run_page_actions(request, obj))  # cells.admin_actions
             # a run with a live hook is parked, never stuck (docs/lifecycle.md §7): no query then
             context["stuck_note"] = None if context.get("hook_rows") else admin_lifecycle.stuck_note(obj)
@@ -761,7 +759,7 @@ class RunAdmin(RunActionsMixin, OperatorModelAdmin):
                     "run": r,
                     "url": reverse("admin:cells_run_change", args=[r.pk]),
                     "status": status_badge(r.status),
-                    "terminal": r.status in TERMINAL_RUN_STATUSES,
+                    "terminal": r.status in TERMINAL_RUN,
                 }
                 for r in runs
             ],

@@ -17,6 +17,7 @@ from typing import Any, Iterable
 from worldcell import codec
 from worldcell.admin_site import format_duration_ms
 
+from .event_machine import TERMINAL_RUN, TERMINAL_STEP
 from .models import Event, Run, Step
 
 __all__ = ["MAX_STEP_LANES", "MAX_TIMING_EVENTS", "Bar", "Lane", "Waterfall", "axis_ticks", "build_waterfall", "run_waterfall"]
@@ -38,7 +39,6 @@ _TICK_STEPS_MS = (
     60_000, 120_000, 300_000, 600_000, 900_000, 1_800_000,
     3_600_000, 7_200_000, 10_800_000, 21_600_000, 43_200_000, 86_400_000,
 )
-_TERMINAL = frozenset({"completed", "failed", "cancelled"})
 
 
 @dataclass
@@ -155,7 +155,7 @@ def build_waterfall(
         sid = s["step_id"]
         begin = s["started_ms"] if s["started_ms"] is not None else s["created_ms"]
         done = s["completed_ms"]
-        is_open = done is None and s["status"] not in _TERMINAL
+        is_open = done is None and s["status"] not in TERMINAL_STEP
         finish = done if done is not None else end_ms
         bar = Bar(begin - origin_ms, max(finish, begin) - origin_ms, open=is_open)
         attempts = starts.get(sid, [])
@@ -218,7 +218,7 @@ def run_waterfall(run: Run, now_ms: int, step_url: Any = None) -> Waterfall:
     ms = lambda v: None if v is None else codec.epoch_ms(v)  # noqa: E731
     origin = codec.epoch_ms(run.created_at)
     end = ms(run.completed_at) if run.completed_at is not None else (
-        codec.epoch_ms(run.updated_at) if run.status in _TERMINAL else now_ms
+        codec.epoch_ms(run.updated_at) if run.status in TERMINAL_RUN else now_ms
     )
     chart = build_waterfall(
         origin_ms=origin,

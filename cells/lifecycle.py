@@ -71,6 +71,7 @@ from .models import (
     StreamChunk,
     StreamRegistration,
 )
+from .event_machine import TERMINAL_RUN
 from .models.tombstone import CLEANUP_PHASES, FlowMessageRecord, RunRepair
 
 log = logging.getLogger("cells.lifecycle")
@@ -96,7 +97,7 @@ __all__ = [
     "sweep",
 ]
 
-TERMINAL_STATUSES = ("completed", "failed", "cancelled")
+TERMINAL_STATUSES = tuple(sorted(TERMINAL_RUN))  # as SQL parameters, in a fixed order
 #: Rows deleted per statement and transaction (docs/lifecycle.md "Bounded work").
 PAGE = 500
 #: Pages one sweep tick may spend in total before it leaves the rest to the next tick.

@@ -39,7 +39,7 @@ from worldcell import clock, codec
 from worldcell_client.wire import shard_for, shared_codec_dumps, ulid
 
 from . import repair
-from .event_machine import is_legacy_spec_version
+from .event_machine import TERMINAL_RUN, is_legacy_spec_version
 from .models import Run
 from .models.lineage import RunLink
 from .models.tombstone import FlowMessageRecord, RunRepair
@@ -52,7 +52,7 @@ __all__ = ["ActionResult", "TERMINAL", "cancel", "cancel_result", "new_request_k
            "wake_run"]
 
 #: Run statuses after which nothing happens to a run by itself.
-TERMINAL = frozenset({"completed", "failed", "cancelled"})
+TERMINAL = TERMINAL_RUN  # the run statuses no event can leave (cells.event_machine)
 #: ``SPEC_VERSION_SUPPORTS_CBOR_QUEUE_TRANSPORT`` of @workflow/world: from this spec version on,
 #: ``start()`` also puts the run's input into the workflow message (``runInput``).
 RUN_INPUT_IN_MESSAGE_FROM_SPEC = 3
