@@ -97,7 +97,8 @@ def _round(n: int) -> str:
 class StatusCountFilter(admin.SimpleListFilter):
     """"By status", each status with its count among the non-expired runs (exact ≤ 1,000, else estimated)."""
 
-    title = "status"
+    #: the counts are of every run, whatever the search and the other filters (docs/console.md)
+    title = "status (counts of all runs)"
     parameter_name = "status__exact"
 
     def lookups(self, request, model_admin):

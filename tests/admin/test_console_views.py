@@ -98,6 +98,7 @@ def test_the_status_filter_shows_counts_exact_up_to_the_cap(admin_client, rpc, v
         play_run(seq, vclock.advance, f"wrun_c{i}", steps=1)
     play_run(seq, vclock.advance, "wrun_cf", steps=1, outcome="failed")
     html = admin_client.get(RUNS).content.decode()
+    assert "By status (counts of all runs)" in html  # not of the search or the other filters
     assert re.search(r'completed <span class="wc-count" title="exact count">4</span>', html)
     assert re.search(r'failed <span class="wc-count" title="exact count">1</span>', html)
     assert re.search(r'pending <span class="wc-count" title="exact count">0</span>', html)
