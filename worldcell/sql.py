@@ -20,11 +20,18 @@ The interface (everything else here is private):
     Run ``[(sql, params, wants_rows), …]`` in order; returns one row list per
     statement with ``wants_rows``. PostgreSQL: ONE round trip, each statement
     a session-level prepared statement (see below); SQLite: one by one.
-    Utility statements ``BEGIN``/``COMMIT``/``ROLLBACK`` may be part of the
-    list. Retried once, transparently, when a prepared statement vanished and
+    Utility statements (``BEGIN``, ``COMMIT``, ``ROLLBACK``, ``SET …``) may
+    be part of the list; they are sent as they are. Retried once, transparently, when a prepared statement vanished and
     nothing of the call can have run (autocommit, no transaction open).
 ``query(db, sql, params)``
     The rows of one statement (``execute`` of one).
+``run_script(db, script, params)``
+    A ``BEGIN; …; COMMIT`` string in one round trip, its statements prepared
+    like ``execute``'s (``script_statements`` splits it); the rows of each
+    statement that returns rows.
+``execute_text(sql)`` / ``source_text(wire)``
+    What goes on the wire for a prepared ``sql``, and back (for tests that
+    recognise or inject faults by statement).
 ``rows(db, sql, params)`` / ``rowcount(db, sql, params)``
     One statement on Django's own cursor, not prepared (for statements whose
     text varies with the input, e.g. ``IN (%s, …)`` lists, and callers that
@@ -75,12 +82,15 @@ __all__ = [
     "database",
     "db_values",
     "execute",
+    "execute_text",
     "is_missing_prepared_statement",
     "query",
     "rollback_open_transaction",
     "run_script",
     "rowcount",
     "rows",
+    "script_statements",
+    "source_text",
     "table",
 ]
 
@@ -117,13 +127,21 @@ def db_values(db: Any, values: Iterable[Any]) -> list[Any]:
 
 # --------------------------------------------------------------------------- prepared statements
 
-#: Statements that are sent as they are (utility statements cannot be prepared).
-_UNPREPARED = frozenset({"BEGIN", "COMMIT", "ROLLBACK"})
 #: psycopg connection -> names of the statements prepared on it.
 _PREPARED: "weakref.WeakKeyDictionary[Any, set[str]]" = weakref.WeakKeyDictionary()
+#: At most this many prepared statements per connection (each holds a plan in the server session's
+#: memory); statements beyond it are sent as plain text. The hot paths use a few dozen shapes.
+PREPARED_PER_CONNECTION = 512
 _PREFIX = "wc_run_"
 _PLACEHOLDER = re.compile(r"%s")
 _IDLE = 0  # psycopg.pq.TransactionStatus.IDLE
+#: First words of statements that cannot be prepared (PostgreSQL prepares only SELECT, INSERT, UPDATE,
+#: DELETE, MERGE and VALUES, so also WITH): these are sent as they are.
+_UTILITY = ("BEGIN", "COMMIT", "ROLLBACK", "SET ")
+
+
+def _is_utility(sql: str) -> bool:
+    return sql.startswith(_UTILITY)
 
 
 @lru_cache(maxsize=None)
@@ -138,16 +156,57 @@ def _prepared_form(sql: str) -> tuple[str, str, int]:
         return f"${count}"
 
     body = _PLACEHOLDER.sub(number, sql)
+    _SOURCES[name] = sql
     return name, f"PREPARE {name} AS {body}", count
 
 
+#: prepared name -> its statement text (``%s`` placeholders), for ``source_text``.
+_SOURCES: dict[str, str] = {}
+_EXECUTE = re.compile(r"EXECUTE (" + _PREFIX + r"[0-9a-f]{20})(\([^)]*\))?")
+
+
+def source_text(wire: str) -> str:
+    """``wire`` (a query string as sent) with every ``EXECUTE wc_run_…(…)`` replaced by its statement's text.
+
+    For tests that recognise statements by their text; a name this process
+    never prepared is left as it is.
+    """
+    return _EXECUTE.sub(lambda m: _SOURCES.get(m.group(1), m.group(0)), wire)
+
+
 @lru_cache(maxsize=None)
-def _execute_text(sql: str) -> str:
-    """``EXECUTE name(%s, …)`` of ``sql``, or ``sql`` itself for utility statements."""
-    if sql in _UNPREPARED:
+def execute_text(sql: str) -> str:
+    """What ``execute`` sends for ``sql`` once it is prepared: ``EXECUTE name(%s, …)``.
+
+    Utility statements (``BEGIN``, ``COMMIT``, ``ROLLBACK``, ``SET …``) are
+    sent as they are. Tests that inject faults by statement use this to
+    recognise a statement on the wire.
+    """
+    if _is_utility(sql):
         return sql
     name, _, count = _prepared_form(sql)
     return f"EXECUTE {name}({', '.join(['%s'] * count)})" if count else f"EXECUTE {name}"
+
+
+@lru_cache(maxsize=256)
+def script_statements(script: str) -> tuple[tuple[str, int], ...]:
+    """The statements of a ``stmt; stmt; …`` string with their ``%s`` counts: ``((sql, n), …)``.
+
+    Splits at ``;`` outside single-quoted literals (fixed SQL text has no
+    other quoting that may hold one: identifiers are double-quoted names).
+    """
+    parts: list[str] = []
+    start = 0
+    quoted = False
+    for i, ch in enumerate(script):
+        if ch == "'":
+            quoted = not quoted
+        elif ch == ";" and not quoted:
+            parts.append(script[start:i])
+            start = i + 1
+    parts.append(script[start:])
+    statements = tuple(p.strip() for p in parts if p.strip())
+    return tuple((sql, sql.count("%s")) for sql in statements)
 
 
 def is_missing_prepared_statement(exc: BaseException) -> bool:
@@ -158,20 +217,24 @@ def is_missing_prepared_statement(exc: BaseException) -> bool:
     return False
 
 
-def _prepare_missing(db: Any, cur: Any, sqls: Iterable[str]) -> None:
-    """Prepare on ``db``'s connection every statement of ``sqls`` it does not have yet."""
+def _prepare_missing(db: Any, cur: Any, sqls: Iterable[str]) -> set[str]:
+    """Prepare on ``db``'s connection every statement of ``sqls`` it does not have yet (up to the cap).
+
+    Returns the names prepared on the connection; a statement whose name is
+    not among them is sent as plain text (the cap was reached).
+    """
     pg = db.connection
     names = _PREPARED.get(pg)
     if names is None:
         names = _PREPARED[pg] = set()
     missing = {}
     for sql in sqls:
-        if sql not in _UNPREPARED:
+        if not _is_utility(sql):
             name, prepare, _ = _prepared_form(sql)
-            if name not in names:
+            if name not in names and len(names) + len(missing) < PREPARED_PER_CONNECTION:
                 missing[name] = prepare
     if not missing:
-        return
+        return names
     try:
         cur.execute("; ".join(missing.values()))
     except Exception:
@@ -185,6 +248,14 @@ def _prepare_missing(db: Any, cur: Any, sqls: Iterable[str]) -> None:
         if todo:
             cur.execute("; ".join(todo))
     names.update(missing)
+    return names
+
+
+def _wire_text(sql: str, names: set[str]) -> str:
+    """``sql`` as sent: its ``EXECUTE`` when prepared on the connection, else the text itself."""
+    if _is_utility(sql) or _prepared_form(sql)[0] not in names:
+        return sql
+    return execute_text(sql)
 
 
 # --------------------------------------------------------------------------- execution
@@ -213,12 +284,19 @@ def _cursor(db: Any, batched: bool) -> Iterator[Any]:
         yield cur
 
 
-def _run(db: Any, statements: Sequence[Statement], batched: bool) -> list[list[tuple]]:
+def _run(db: Any, statements: Sequence[Statement], batched: bool, prepared: int | None = None) -> list[list[tuple]]:
+    """``wants_rows`` None: the statement's rows when it returns any (``run_script``'s rule).
+
+    ``prepared``: only the first this many statements may be prepared, the rest go as text.
+    """
     fetched: list[list[tuple]] = []
     with _cursor(db, batched) as cur:
         if batched:
-            _prepare_missing(db, cur, (sql for sql, _, _ in statements))
-            text = "; ".join(_execute_text(sql) for sql, _, _ in statements)
+            head = statements if prepared is None else statements[:prepared]
+            names = _prepare_missing(db, cur, (sql for sql, _, _ in head))
+            text = "; ".join(
+                [_wire_text(sql, names) for sql, _, _ in head] + [sql for sql, _, _ in statements[len(head):]]
+            )
             try:
                 cur.execute(text, [p for _, ps, _ in statements for p in ps])
             except Exception as exc:
@@ -228,7 +306,7 @@ def _run(db: Any, statements: Sequence[Statement], batched: bool) -> list[list[t
             for i, (_, _, wants_rows) in enumerate(statements):
                 if i:
                     cur.nextset()
-                if wants_rows:
+                if wants_rows or (wants_rows is None and cur.description is not None):
                     fetched.append(cur.fetchall())
         else:
             for sql, params, wants_rows in statements:
@@ -280,13 +358,42 @@ def rowcount(db: Any, sql: str, params: Sequence[Any]) -> int:
 
 
 def run_script(db: Any, script: str, params: Sequence[Any]) -> list[list[tuple]]:
-    """Run a ``BEGIN; …; COMMIT`` string in one round trip (not prepared); the rows of each statement that returns rows.
+    """Run a ``BEGIN; …; COMMIT[; …]`` string in one round trip; the rows of each statement that returns rows.
 
-    On any error the server's transaction is rolled back (nothing of it is
-    committed, ``rollback_open_transaction``) and the error propagates.
+    ``params`` are the ``%s`` values of all its statements, in order. On
+    PostgreSQL with batching (``batches_statements``) the statements inside
+    the script's transaction travel as prepared ``EXECUTE``s (``execute``;
+    utility statements and those after ``COMMIT`` as text): the queue's
+    scripts cost PostgreSQL more to parse and plan than to run
+    (docs/benchmarks.md "Prepared queue scripts"). Should a prepared statement
+    have vanished (26000, e.g. a pooler's ``DISCARD ALL``), nothing of the
+    script was committed, and it is sent once more after preparing again.
+    On any other error the server's transaction is rolled back (nothing of
+    it is committed, ``rollback_open_transaction``) and the error propagates.
+
+    Raises ``ValueError`` when ``params`` hold more values than the script's
+    placeholders.
     """
     db.ensure_connection()
     try:
+        if batches_statements(db):
+            pending = list(params)
+            statements: list[Statement] = []
+            for sql, n in script_statements(script):
+                statements.append((sql, pending[:n], None))  # type: ignore[arg-type]
+                del pending[:n]
+            if pending:
+                raise ValueError(f"run_script: {len(pending)} parameter(s) more than the script's placeholders")
+            # only what runs inside the script's own transaction is prepared (none without a leading BEGIN)
+            opens = bool(statements) and statements[0][0] == "BEGIN"
+            commit = next((i for i, (sql, _, _) in enumerate(statements) if sql == "COMMIT"), len(statements)) if opens else 0
+            try:
+                return _run(db, statements, True, prepared=commit)
+            except Exception as exc:
+                if not is_missing_prepared_statement(exc) or db.in_atomic_block:
+                    raise
+                rollback_open_transaction(db)  # the failed EXECUTE was inside BEGIN … COMMIT: nothing committed
+                return _run(db, statements, True, prepared=commit)
         with db.cursor() as cur:
             cur.execute(script, params)
             results = []

@@ -27,6 +27,8 @@
 #   BENCH_PG_LOG=1   analysis, not a measurement: PostgreSQL logs every statement (log_statement=all)
 #                    with its client's role (worldcell-pg: api / worker / beat as application_name)
 #                    to $RUN_DIR/pg/postgres.log; count them with contrib/bench-e2e/pg_log_counts.py
+#   BENCH_PG_STATS=1 analysis: pg_stat_statements (with planning time) in the private cluster; after
+#                    the run its top statements by time are written to $RUN_DIR/pg_stat_statements.txt
 #   BENCH_PYTHON     Python with this checkout installed; default <checkout>/.venv/bin/python,
 #                    created with `pip install -e .` when missing
 # Output: the driver's table on stdout, its JSON in --json (default
@@ -138,6 +140,19 @@ PG_LOG_OPTS=""
 if [[ ${BENCH_PG_LOG:-0} == 1 ]]; then
   PG_LOG_OPTS="-c log_statement=all -c 'log_line_prefix=%m|%a|%p|%x|'"  # pg_ctl runs it through sh
 fi
+if [[ ${BENCH_PG_STATS:-0} == 1 ]]; then
+  PG_LOG_OPTS+=" -c shared_preload_libraries=pg_stat_statements -c pg_stat_statements.track_planning=on"
+fi
+pg_stats_dump() {  # pg_stats_dump DB: the top statements by execution + planning time, after the run
+  [[ ${BENCH_PG_STATS:-0} == 1 ]] || return 0
+  psql -h 127.0.0.1 -p "$PG_PORT" -U postgres -d "$1" -X -q -P pager=off -c "
+    SELECT calls, round(total_exec_time::numeric, 1) AS exec_ms, round(total_plan_time::numeric, 1) AS plan_ms,
+           round(((total_exec_time + total_plan_time) * 1000 / greatest(calls, 1))::numeric, 1) AS us_per_call,
+           rows, left(regexp_replace(query, '\\s+', ' ', 'g'), 160) AS query
+      FROM pg_stat_statements ORDER BY total_exec_time + total_plan_time DESC LIMIT 40" \
+    >"$RUN_DIR/pg_stat_statements.txt" 2>&1 || true
+  log "pg_stat_statements: $RUN_DIR/pg_stat_statements.txt"
+}
 PG_BIN=${PG_BIN:-$( (pg_config --bindir 2>/dev/null) || dirname "$(readlink -f "$(command -v initdb)")")}
 pg_as() { if [[ $(id -u) == 0 ]]; then runuser -u postgres -- "$@"; else "$@"; fi; }
 start_pg() {  # sets PG_URL_BASE, PG_PID
@@ -176,6 +191,8 @@ case $WORLD in
     PY=$(python_for_checkout); BIN=$(dirname "$PY")
     start_pg
     "$PG_BIN/createdb" -h 127.0.0.1 -p "$PG_PORT" -U postgres worldcell
+    STATS_DB=worldcell
+    [[ ${BENCH_PG_STATS:-0} != 1 ]] || psql -h 127.0.0.1 -p "$PG_PORT" -U postgres -d worldcell -X -q -c 'CREATE EXTENSION pg_stat_statements'
     export DATABASE_URL=$PG_URL_BASE/worldcell WORLD_SECRET=$SECRET CELERY_BROKER_URL=$REDIS_URL \
            WORLDCELL_DATA_DIR=$RUN_DIR/data DJANGO_ALLOWED_HOSTS=127.0.0.1,localhost WORLDCELL_LOG_LEVEL=WARNING
     mkdir -p "$RUN_DIR/data"
@@ -225,6 +242,8 @@ case $WORLD in
   world-postgres)
     start_pg
     "$PG_BIN/createdb" -h 127.0.0.1 -p "$PG_PORT" -U postgres world
+    STATS_DB=world
+    [[ ${BENCH_PG_STATS:-0} != 1 ]] || psql -h 127.0.0.1 -p "$PG_PORT" -U postgres -d world -X -q -c 'CREATE EXTENSION pg_stat_statements'
     APP_ENV+=(WORKFLOW_TARGET_WORLD=@workflow/world-postgres WORKFLOW_POSTGRES_URL=$PG_URL_BASE/world)
     (cd "$APP" && WORKFLOW_POSTGRES_URL=$PG_URL_BASE/world node node_modules/@workflow/world-postgres/bin/setup.js \
       >"$RUN_DIR/bootstrap.log" 2>&1) || { tail -20 "$RUN_DIR/bootstrap.log" >&2; exit 2; }
@@ -269,5 +288,6 @@ rc=$?
 unset 'PIDS[-1]'
 set -e
 all_alive || { log "a fleet or app process died during the run: the figures are not valid"; rc=1; }
+[[ -z ${STATS_DB:-} ]] || pg_stats_dump "$STATS_DB"
 log "result JSON: $JSON; logs: $RUN_DIR"
 exit $rc

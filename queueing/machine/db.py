@@ -1,11 +1,13 @@
 """How the queue state machine runs its SQL: through the project's one executor, ``worldcell.sql``.
 
-Every statement goes through its plain-cursor calls (``rows``, ``rowcount``,
-``run_script``), so transactions, on-commit hooks and
+The general path's statements go through its plain-cursor calls (``rows``,
+``rowcount``), so transactions, on-commit hooks and
 ``connection.execute_wrapper`` (the fault-injection tests) see each one with
-its text. The executor's prepared ``execute`` is not used here: the
-crash-injection tests match on statement text (docs/decisions.md "Queue
-rules written once").
+its text (docs/decisions.md "Queue rules written once"). The one-trip
+scripts (``run_script``, PostgreSQL) travel as prepared statements: their
+parsing and planning cost PostgreSQL more than running them
+(docs/benchmarks.md "Prepared queue scripts"); a fault test recognises one
+by ``worldcell.sql.execute_text``.
 """
 from __future__ import annotations
 
@@ -49,7 +51,7 @@ def commit_without_flush() -> None:
 
 
 def run_script(script: str, params: Sequence[Any]) -> list[list[tuple]]:
-    """Run a ``BEGIN; …; COMMIT`` string in one round trip; the rows of each statement that returns rows.
+    """Run a ``BEGIN; …; COMMIT`` string in one round trip, as prepared statements; the rows of each statement that returns rows.
 
     On any error the server's transaction is rolled back (nothing of it is
     committed) and the error propagates.

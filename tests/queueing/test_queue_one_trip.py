@@ -16,6 +16,8 @@ import pytest
 from django.db import connection
 
 from queueing import machine
+from queueing.machine import sql as qsql
+from worldcell import sql as executor
 from queueing.models import DeadLetter, Message, QueueCell
 from queueing.service import parse_enqueue_request
 from .support import enqueue_request
@@ -47,12 +49,12 @@ def path(request, monkeypatch):
 
 @pytest.fixture
 def scripts():
-    """The one-trip scripts run during the test (their first statement)."""
+    """The one-trip scripts run during the test, with their statements' text."""
     ran: list[str] = []
 
     def wrapper(execute, sql, params, many, context):
         if sql.startswith("BEGIN;"):
-            ran.append(sql)
+            ran.append(executor.source_text(sql))  # its statements' text (they travel as EXECUTEs)
         return execute(sql, params, many, context)
 
     with connection.execute_wrapper(wrapper):
@@ -242,10 +244,17 @@ def test_it_commits_nothing_of_a_one_trip_script_that_fails_midway(vclock, path)
     [(claim, row)] = _claim_all().values()
     machine.enqueue(Q, req("next"))
 
+    # the scheduleNextAlarm statement, the last before COMMIT (a prepared EXECUTE on the wire)
+    alarm, n_params = executor.script_statements(qsql.one_trip_outcomes(0, 1, 1))[-2]
+    assert alarm.startswith('WITH "nx"')
+    alarm_on_wire = executor.execute_text(alarm)
+    failing = "SELECT 1 / 0, " + ", ".join(["%s"] * n_params)
+
     def break_the_alarm_statement(execute, sql, params, many, context):
         # the scheduleNextAlarm statement (after the ack and the claim) now divides by zero
         if sql.startswith("BEGIN;"):
-            sql = sql.replace('SELECT "n" FROM "nx"', 'SELECT 1 / 0 FROM "nx"')
+            assert alarm_on_wire in sql
+            sql = sql.replace(alarm_on_wire, failing)
         elif '"alarm_at" = %s' in sql and sql.startswith('UPDATE "queueing_queuecell"'):
             raise RuntimeError("injected")
         return execute(sql, params, many, context)
@@ -333,3 +342,21 @@ def test_it_claims_a_503_redelivery_due_now_in_the_same_transaction(vclock, path
     stored = Message.objects.get()
     assert (stored.attempt, stored.last_error, stored.due_at) == (1, "HTTP 500", vclock.now + 2_000)
     assert stats() == {"pending": 1, "inflight": 0, "deadLetters": 0, "alarmAt": vclock.now + 2_000}
+
+
+def test_it_enqueues_and_acks_once_when_its_prepared_statements_vanish(vclock, path, scripts):
+    """A pooler's ``DISCARD ALL`` (here ``DEALLOCATE ALL``) between scripts: each runs once, in full."""
+    pin()
+    machine.enqueue(Q, req("m"))
+    vclock.advance(1)
+    [(claim, row)] = _claim_all().values()
+    with connection.cursor() as cur:
+        cur.execute("DEALLOCATE ALL")
+    assert machine.enqueue(Q, req("next")) == {"ok": True, "messageId": "next", "deduped": False}
+    with connection.cursor() as cur:
+        cur.execute("DEALLOCATE ALL")
+    [(label, claims)] = machine.apply_outcomes(claim.cell_id, [machine.OutcomeRequest(claim, row, "ack", claim_next=True)])
+    assert label == "acked" and [c.message_id for c in claims] == ["next"]
+    assert sorted(Message.objects.values_list("message_id", flat=True)) == ["next"]
+    if path == "one_trip":
+        assert any("INSERT INTO" in s for s in scripts) and any("DELETE FROM" in s for s in scripts)
