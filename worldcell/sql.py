@@ -21,8 +21,9 @@ The interface (everything else here is private):
     statement with ``wants_rows``. PostgreSQL: ONE round trip, each statement
     a session-level prepared statement (see below); SQLite: one by one.
     Utility statements (``BEGIN``, ``COMMIT``, ``ROLLBACK``, ``SET …``) may
-    be part of the list; they are sent as they are. Retried once, transparently, when a prepared statement vanished and
-    nothing of the call can have run (autocommit, no transaction open).
+    be part of the list; they are sent as they are. Retried once,
+    transparently, when a prepared statement vanished and nothing of the
+    call can have run (autocommit, no transaction open).
 ``query(db, sql, params)``
     The rows of one statement (``execute`` of one).
 ``run_script(db, script, params)``
@@ -386,7 +387,9 @@ def run_script(db: Any, script: str, params: Sequence[Any]) -> list[list[tuple]]
                 raise ValueError(f"run_script: {len(pending)} parameter(s) more than the script's placeholders")
             # only what runs inside the script's own transaction is prepared (none without a leading BEGIN)
             opens = bool(statements) and statements[0][0] == "BEGIN"
-            commit = next((i for i, (sql, _, _) in enumerate(statements) if sql == "COMMIT"), len(statements)) if opens else 0
+            commit = 0
+            if opens:
+                commit = next((i for i, (sql, _, _) in enumerate(statements) if sql == "COMMIT"), len(statements))
             try:
                 return _run(db, statements, True, prepared=commit)
             except Exception as exc:

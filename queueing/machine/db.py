@@ -51,7 +51,7 @@ def commit_without_flush() -> None:
 
 
 def run_script(script: str, params: Sequence[Any]) -> list[list[tuple]]:
-    """Run a ``BEGIN; …; COMMIT`` string in one round trip, as prepared statements; the rows of each statement that returns rows.
+    """Run a ``BEGIN; …; COMMIT`` string in one round trip (prepared statements); the rows of each that returns rows.
 
     On any error the server's transaction is rolled back (nothing of it is
     committed) and the error propagates.
