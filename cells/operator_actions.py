@@ -208,6 +208,22 @@ def rerun_run(run_id: str, *, request_key: str, user: str = "") -> ActionResult:
     return result
 
 
+def _lock_unfinished_run(run_id: str, finished_why: str) -> tuple[int, int] | ActionResult:
+    """Lock run cell ``run_id`` in the caller's transaction (``cells.repair.lock_run``).
+
+    Returns ``(cell id, event sequence)`` of a created, unexpired, unfinished
+    run; otherwise the ``skipped`` result saying why (``finished_why`` ends
+    the reason for a run that is finished or not created yet).
+    """
+    locked = repair.lock_run(run_id)
+    if locked is None or locked[2]:
+        return _skipped(run_id, "the run does not exist (or it expired)")
+    cell_id, sequence, _, status = locked
+    if status is None or status in TERMINAL:
+        return _skipped(run_id, f"the run is {status or 'not created yet'}: {finished_why}")
+    return cell_id, sequence
+
+
 def wake_run(run_id: str) -> ActionResult:
     """End ``run_id``'s open sleeps now, as the SDK's ``wakeUpRun``: ``wait_completed`` each, then the message.
 
@@ -222,12 +238,10 @@ def wake_run(run_id: str) -> ActionResult:
     """
     now_ms = clock.now_ms()
     with transaction.atomic():
-        locked = repair.lock_run(run_id)
-        if locked is None or locked[2]:
-            return _skipped(run_id, "the run does not exist (or it expired)")
-        cell_id, sequence, _, status = locked
-        if status is None or status in TERMINAL:
-            return _skipped(run_id, f"the run is {status or 'not created yet'}: nothing to wake")
+        locked = _lock_unfinished_run(run_id, "nothing to wake")
+        if isinstance(locked, ActionResult):
+            return locked
+        cell_id, sequence = locked
         waits = repair.open_waits(cell_id)
         if not waits:
             return _skipped(run_id, "no pending sleep (every wait_created has its wait_completed)")
@@ -273,12 +287,10 @@ def reenqueue_run(run_id: str) -> ActionResult:
     """
     now_ms = clock.now_ms()
     with transaction.atomic():
-        locked = repair.lock_run(run_id)
-        if locked is None or locked[2]:
-            return _skipped(run_id, "the run does not exist (or it expired)")
-        _, sequence, _, status = locked
-        if status is None or status in TERMINAL:
-            return _skipped(run_id, f"the run is {status or 'not created yet'}: its workflow would do nothing")
+        locked = _lock_unfinished_run(run_id, "its workflow would do nothing")
+        if isinstance(locked, ActionResult):
+            return locked
+        _, sequence = locked
         message_id, why = repair.enqueue_once(run_id, sequence, now_ms, idle_since=now_ms)
         if message_id is None:
             return _skipped(run_id, why)
