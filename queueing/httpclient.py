@@ -33,8 +33,10 @@ every delivery.
 **Pooling.** Connections whose answer was read to the end and that the peer
 keeps alive go back to a per-origin pool (last in, first out; at most
 ``MAX_IDLE_PER_ORIGIN``; dropped after ``IDLE_EXPIRY_S`` idle or when the peer
-has closed them — checked without blocking before reuse). The pool is
-per process and re-created after a fork.
+has closed them — checked without blocking before reuse). An answer with a
+``Content-Length`` or a chunked one is drained up to 64 KiB for that, a
+chunked one within 1 s after its head; a larger or slower body costs only
+the connection. The pool is per process and re-created after a fork.
 """
 from __future__ import annotations
 
@@ -315,6 +317,12 @@ def post_answer(
             elif resp.length is not None and resp.length <= _MAX_DRAIN:
                 rest = resp.read()
                 head = rest[:want_head] if want_head > 0 else None
+            elif resp.chunked:
+                # a chunked answer (Nitro's, for one) is drained to its last chunk so the connection can be
+                # reused: at most _MAX_DRAIN bytes, within _CHUNKED_DRAIN_S of the deadline
+                _deadline.at = min(_deadline.at, time.monotonic() + _CHUNKED_DRAIN_S)
+                rest = resp.read(_MAX_DRAIN + 1)
+                head = rest[:want_head] if want_head > 0 else None
             elif want_head > 0:
                 head = resp.read(want_head)
         except (OSError, http.client.HTTPException, TransportError):
@@ -340,6 +348,8 @@ def post_answer(
 
 
 _MAX_DRAIN = 64 << 10
+#: Seconds a chunked answer's body may take to end once its head has arrived (it is only drained).
+_CHUNKED_DRAIN_S = 1.0
 #: Characters left as they are in the request target (RFC 3986 pchar, "/", "?", and existing escapes).
 _TARGET_SAFE = "/?:@!$&'()*+,;=-._~%"
 _CONTROL = re.compile(rb"[\x00-\x08\x0a-\x1f\x7f]")

@@ -161,6 +161,32 @@ def test_it_reads_a_chunked_503_body_for_timeout_seconds():
         server.close()
 
 
+def test_it_reuses_the_connection_after_a_chunked_2xx_answer():
+    """Nitro answers the workflow routes chunked: drained to the last chunk, the connection is reused."""
+    chunked = (b"HTTP/1.1 200 OK\r\ncontent-type: application/json\r\ntransfer-encoding: chunked\r\n"
+               b"connection: keep-alive\r\n\r\n5\r\n{\"ok\"\r\n6\r\n:true}\r\n0\r\n\r\n")
+    server = RawServer(lambda n: chunked, split=True)
+    try:
+        for _ in range(4):
+            assert post_message(row(server.url), timeout_ms=2000).kind == "ack"
+        assert server.accepted == 1 and len(server.requests) == 4
+    finally:
+        server.close()
+
+
+def test_a_chunked_2xx_whose_body_never_ends_is_acked_within_the_drain_time_and_not_reused():
+    endless = b"HTTP/1.1 200 OK\r\ntransfer-encoding: chunked\r\n\r\n5\r\nhello\r\n"  # no last chunk
+    server = RawServer(lambda n: endless)
+    try:
+        started = time.monotonic()
+        assert post_message(row(server.url), timeout_ms=20_000).kind == "ack"
+        assert time.monotonic() - started < 5  # the drain gives up after ~1 s, not at the 20 s deadline
+        assert post_message(row(server.url), timeout_ms=20_000).kind == "ack"
+        assert server.accepted == 2  # the undrained connection was not pooled
+    finally:
+        server.close()
+
+
 def test_it_refuses_header_values_with_line_breaks_without_sending_anything():
     server = RawServer(lambda n: OK)
     try:
