@@ -344,6 +344,7 @@ def test_it_claims_a_503_redelivery_due_now_in_the_same_transaction(vclock, path
     assert stats() == {"pending": 1, "inflight": 0, "deadLetters": 0, "alarmAt": vclock.now + 2_000}
 
 
+@pytest.mark.postgres_only  # prepared statements are PostgreSQL's
 def test_it_enqueues_and_acks_once_when_its_prepared_statements_vanish(vclock, path, scripts):
     """A pooler's ``DISCARD ALL`` (here ``DEALLOCATE ALL``) between scripts: each runs once, in full."""
     pin()
