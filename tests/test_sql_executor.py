@@ -107,3 +107,22 @@ def test_past_the_per_connection_cap_statements_go_as_text(probe_table, monkeypa
     with connection.cursor() as cur:
         cur.execute("SELECT COUNT(*) FROM pg_prepared_statements WHERE starts_with(name, 'wc_run_')")
         assert cur.fetchone()[0] == 1
+
+
+@pytest.mark.postgres_only
+def test_a_statement_with_many_parameters_goes_as_text_and_still_runs(probe_table):
+    """Plans cost server memory by parameter count: large batch shapes are not prepared (worldcell.sql)."""
+    db = executor.database()
+    db.close()
+    db.ensure_connection()
+    n = executor.PREPARED_MAX_PARAMS // 2 + 1  # two parameters a row: one more than the limit
+    many = (f'INSERT INTO "{TABLE}" ("k", "v") VALUES ' + ", ".join(["(%s, %s)"] * n)
+            + ' RETURNING "v"')
+    params = [p for i in range(n) for p in (f"k{i}", i)]
+    script = _script("BEGIN", many, COUNT, "COMMIT")
+    assert executor.run_script(db, script, params + [0]) == [[(i,) for i in range(n)], [(n, sum(range(n)))]]
+    with connection.cursor() as cur:
+        cur.execute("SELECT statement FROM pg_prepared_statements WHERE starts_with(name, 'wc_run_')")
+        prepared = [row[0] for row in cur.fetchall()]
+    assert any("COUNT(*)" in text for text in prepared)  # the small one is prepared
+    assert not any("INSERT" in text for text in prepared)

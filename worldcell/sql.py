@@ -130,9 +130,13 @@ def db_values(db: Any, values: Iterable[Any]) -> list[Any]:
 
 #: psycopg connection -> names of the statements prepared on it.
 _PREPARED: "weakref.WeakKeyDictionary[Any, set[str]]" = weakref.WeakKeyDictionary()
-#: At most this many prepared statements per connection (each holds a plan in the server session's
-#: memory); statements beyond it are sent as plain text. The hot paths use a few dozen shapes.
-PREPARED_PER_CONNECTION = 512
+#: Each prepared statement keeps its parse tree and plans in the server session's memory, roughly
+#: 1 KiB per parameter (a 64-message enqueue batch, ~900 parameters: ~1.1 MiB; docs/benchmarks.md
+#: "Prepared queue scripts"). So only statements with at most PREPARED_MAX_PARAMS parameters are
+#: prepared (the hot shapes: single-message enqueues and small outcome batches), and at most
+#: PREPARED_PER_CONNECTION of them per connection; the rest travel as text (~13 MiB per backend at most).
+PREPARED_MAX_PARAMS = 48
+PREPARED_PER_CONNECTION = 128
 _PREFIX = "wc_run_"
 _PLACEHOLDER = re.compile(r"%s")
 _IDLE = 0  # psycopg.pq.TransactionStatus.IDLE
@@ -222,7 +226,8 @@ def _prepare_missing(db: Any, cur: Any, sqls: Iterable[str]) -> set[str]:
     """Prepare on ``db``'s connection every statement of ``sqls`` it does not have yet (up to the cap).
 
     Returns the names prepared on the connection; a statement whose name is
-    not among them is sent as plain text (the cap was reached).
+    not among them is sent as plain text (too many parameters, or the cap
+    was reached).
     """
     pg = db.connection
     names = _PREPARED.get(pg)
@@ -231,8 +236,9 @@ def _prepare_missing(db: Any, cur: Any, sqls: Iterable[str]) -> set[str]:
     missing = {}
     for sql in sqls:
         if not _is_utility(sql):
-            name, prepare, _ = _prepared_form(sql)
-            if name not in names and len(names) + len(missing) < PREPARED_PER_CONNECTION:
+            name, prepare, count = _prepared_form(sql)
+            if (name not in names and count <= PREPARED_MAX_PARAMS
+                    and len(names) + len(missing) < PREPARED_PER_CONNECTION):
                 missing[name] = prepare
     if not missing:
         return names
