@@ -29,6 +29,7 @@
 #                    to $RUN_DIR/pg/postgres.log; count them with contrib/bench-e2e/pg_log_counts.py
 #   BENCH_PG_STATS=1 analysis: pg_stat_statements (with planning time) in the private cluster; after
 #                    the run its top statements by time are written to $RUN_DIR/pg_stat_statements.txt
+#   BENCH_WAITRESS_THREADS  analysis: waitress's --threads for worldcell-pg (default 8, the README's)
 #   BENCH_PYTHON     Python with this checkout installed; default <checkout>/.venv/bin/python,
 #                    created with `pip install -e .` when missing
 # Output: the driver's table on stdout, its JSON in --json (default
@@ -211,7 +212,7 @@ case $WORLD in
     if [[ $WORLD == worldcell-pg ]]; then
       # the README's production API command (and contrib/systemd/worldcell-api.service), same flags
       API=waitress
-      start waitress env DATABASE_URL="$(app_db api)" "$BIN/waitress-serve" --listen "127.0.0.1:$FLEET_PORT" --threads 8 \
+      start waitress env DATABASE_URL="$(app_db api)" "$BIN/waitress-serve" --listen "127.0.0.1:$FLEET_PORT" --threads "${BENCH_WAITRESS_THREADS:-8}" \
         --connection-limit 500 --max-request-body-size 34603008 --channel-timeout 30 --cleanup-interval 10 \
         --call worldcell.wsgi:checked_application
     else
