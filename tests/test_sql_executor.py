@@ -60,6 +60,8 @@ def test_a_script_returns_the_rows_of_each_statement_that_has_rows(probe_table):
 @pytest.mark.postgres_only
 def test_the_statements_inside_the_transaction_are_prepared_the_rest_sent_as_text(probe_table):
     db = executor.database()
+    db.close()  # a fresh connection: far from the per-connection cap whatever ran before
+    db.ensure_connection()
     executor.run_script(db, SCRIPT, ["a", 1, "b", 2, 0])
     with connection.cursor() as cur:
         cur.execute("SELECT statement FROM pg_prepared_statements WHERE starts_with(name, 'wc_run_')")
