@@ -30,6 +30,9 @@
 #   BENCH_PG_STATS=1 analysis: pg_stat_statements (with planning time) in the private cluster; after
 #                    the run its top statements by time are written to $RUN_DIR/pg_stat_statements.txt
 #   BENCH_WAITRESS_THREADS  analysis: waitress's --threads for worldcell-pg (default 8, the README's)
+#   BENCH_API_CPUS   run the API process (waitress, gunicorn or devfleet) under `taskset -c <list>`,
+#                    e.g. 1 (docs/operations.md "One core per API process"); default: unpinned
+#   BENCH_WORKER_CPUS  the same for the Celery worker
 #   BENCH_PYTHON     Python with this checkout installed; default <checkout>/.venv/bin/python,
 #                    created with `pip install -e .` when missing
 # Output: the driver's table on stdout, its JSON in --json (default
@@ -64,6 +67,8 @@ case $WORLD in
 esac
 
 WORK=${BENCH_WORK:-/tmp/worldcell-bench-e2e}
+API_PIN=(); [[ -z ${BENCH_API_CPUS:-} ]] || API_PIN=(taskset -c "$BENCH_API_CPUS")  # taskset execs: same pid
+WORKER_PIN=(); [[ -z ${BENCH_WORKER_CPUS:-} ]] || WORKER_PIN=(taskset -c "$BENCH_WORKER_CPUS")
 PORT_BASE=${BENCH_PORT_BASE:-18800}
 APP_PORT=$((PORT_BASE + 1)) FLEET_PORT=$((PORT_BASE + 10)) PG_PORT=$((PORT_BASE + 32))
 REDIS_PORT=$((PORT_BASE + 33))
@@ -212,17 +217,17 @@ case $WORLD in
     if [[ $WORLD == worldcell-pg ]]; then
       # the README's production API command (and contrib/systemd/worldcell-api.service), same flags
       API=waitress
-      start waitress env DATABASE_URL="$(app_db api)" "$BIN/waitress-serve" --listen "127.0.0.1:$FLEET_PORT" --threads "${BENCH_WAITRESS_THREADS:-8}" \
+      start waitress "${API_PIN[@]}" env DATABASE_URL="$(app_db api)" "$BIN/waitress-serve" --listen "127.0.0.1:$FLEET_PORT" --threads "${BENCH_WAITRESS_THREADS:-8}" \
         --connection-limit 500 --max-request-body-size 34603008 --channel-timeout 30 --cleanup-interval 10 \
         --call worldcell.wsgi:checked_application
     else
       API=gunicorn
       mkdir -p "$RUN_DIR/prometheus"
-      start gunicorn env DATABASE_URL="$(app_db api)" PROMETHEUS_MULTIPROC_DIR="$RUN_DIR/prometheus" "$BIN/gunicorn" -c python:worldcell.gunicorn_conf worldcell.wsgi:application \
+      start gunicorn "${API_PIN[@]}" env DATABASE_URL="$(app_db api)" PROMETHEUS_MULTIPROC_DIR="$RUN_DIR/prometheus" "$BIN/gunicorn" -c python:worldcell.gunicorn_conf worldcell.wsgi:application \
         --bind "127.0.0.1:$FLEET_PORT" --worker-class gthread --workers 3 --threads 8 --timeout 120
     fi
     PROCS+=(--proc "$API=$LAST_PID"); API_PID=$LAST_PID
-    start celery-worker env DATABASE_URL="$(app_db worker)" "$BIN/celery" -A worldcell worker --pool threads --concurrency 16 \
+    start celery-worker "${WORKER_PIN[@]}" env DATABASE_URL="$(app_db worker)" "$BIN/celery" -A worldcell worker --pool threads --concurrency 16 \
       --without-gossip --without-mingle --loglevel WARNING
     PROCS+=(--proc "celery-worker=$LAST_PID")
     start celery-beat env DATABASE_URL="$(app_db beat)" "$BIN/celery" -A worldcell beat --schedule "$RUN_DIR/data/celerybeat-schedule" --loglevel WARNING
@@ -235,7 +240,7 @@ case $WORLD in
     unset DATABASE_URL
     cd "$REPO"
     WORLD_SECRET=$SECRET WORLDCELL_DATA_DIR=$RUN_DIR/data WORLDCELL_LOG_LEVEL=WARNING \
-      start devfleet "$PY" manage.py devfleet --host 127.0.0.1 --port "$FLEET_PORT"
+      start devfleet "${API_PIN[@]}" "$PY" manage.py devfleet --host 127.0.0.1 --port "$FLEET_PORT"
     cd "$HERE"
     PROCS+=(--proc "devfleet=$LAST_PID")
     wait_http "http://127.0.0.1:$FLEET_PORT/v1/health" devfleet "$LAST_PID"

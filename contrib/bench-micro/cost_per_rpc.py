@@ -21,6 +21,8 @@ Workloads (the argument shapes are those of the world-celld v0.1.0 client, docs/
                 step_completed), run_completed — 12 events per run, 64-byte payloads.
 ``index.put``   ``correlation:…:<runId>`` keys (run-scoped: the fence's one-statement upsert).
 ``writeChunk``  64-byte chunks, each thread writing its own stream (no lock waits).
+``health``      ``GET /v1/health``: the HTTP server and Django's request handling with no
+                authentication, no body and no database work — the floor under every RPC.
 ``enqueue``     step messages over 4 queue cells; ``targetBaseUrl`` is a closed local port, so
                 without a worker they stay pending (bounded by ``--rpcs``).
 
@@ -91,8 +93,11 @@ class Client:
         self.headers = {"Content-Type": "application/json", "Authorization": f"Bearer {secret}"}
 
     def call(self, binding: str, name: str, method: str, args: list):
-        path = f"/v1/rpc/{binding}/{urllib.parse.quote(name, safe='')}/{method}"
-        self.conn.request("POST", path, json.dumps(args, separators=(",", ":")), self.headers)
+        if binding == "health":  # GET /v1/health: no auth, no body, no database
+            self.conn.request("GET", "/v1/health")
+        else:
+            path = f"/v1/rpc/{binding}/{urllib.parse.quote(name, safe='')}/{method}"
+            self.conn.request("POST", path, json.dumps(args, separators=(",", ":")), self.headers)
         resp = self.conn.getresponse()
         data = resp.read()
         if resp.status != 200:
@@ -134,6 +139,8 @@ def work_items(method: str, count: int, tag: str) -> list[list[tuple]]:
             rid = f"wrun_{tag}_{i}"
             runs.append([("runs", rid, "applyEvent", [{"runId": rid, "data": e}]) for e in _run_events(rid)])
         return runs
+    if method == "health":
+        return [[("health", "", "", [])] for _ in range(count)]
     if method == "index.put":
         return [[("index", "index", "put",
                   [f"correlation:step_{tag}_{i}:1764590000000:wevt_z{i:020d}:wrun_{tag}_{i // 8}",
@@ -206,7 +213,7 @@ def main() -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--fleet", action="append", required=True, type=parse_fleet, help="NAME=URL,API_PID,DATABASE")
     p.add_argument("--secret", default=os.environ.get("WORLD_SECRET", ""))
-    p.add_argument("--method", choices=["applyEvent", "index.put", "writeChunk", "enqueue"], required=True)
+    p.add_argument("--method", choices=["health", "applyEvent", "index.put", "writeChunk", "enqueue"], required=True)
     p.add_argument("--rpcs", type=int, default=1200, help="RPCs per round (default 1200)")
     p.add_argument("--concurrency", type=int, default=8)
     p.add_argument("--rounds", type=int, default=3, help="rounds per fleet, alternating (default 3)")

@@ -145,14 +145,15 @@ def api_server(kind: str, db_url: str, data_dir: Path, log_path: Path, extra_env
 
 
 @contextlib.contextmanager
-def dev_fleet(db_url: str, data_dir: Path, log_path: Path, extra_env: dict[str, str] | None = None):
-    """Run ``manage.py devfleet`` on a free port; yields ``(url, secret, process)``."""
+def dev_fleet(db_url: str, data_dir: Path, log_path: Path, extra_env: dict[str, str] | None = None,
+              args: tuple[str, ...] = ()):
+    """Run ``manage.py devfleet`` (with ``args``) on a free port; yields ``(url, secret, process)``."""
     secret = uuid.uuid4().hex
     port = free_port()
     env = base_env(db_url, secret, data_dir, **(extra_env or {}))
     log = open(log_path, "ab")
     proc = subprocess.Popen(
-        [PY, "manage.py", "devfleet", "--port", str(port)], cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT
+        [PY, "manage.py", "devfleet", "--port", str(port), *args], cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT
     )
     url = f"http://127.0.0.1:{port}"
     try:

@@ -11,7 +11,8 @@ What it does, in order:
 3. takes ``WORLD_SECRET`` from the environment, or reuses the one it generated
    on an earlier start (``data/world-secret``), or generates and saves a new one;
 4. prints the environment lines a Node app needs;
-5. starts the alarm pump (a tick every 25 ms) and its delivery thread pool —
+5. pins itself to one CPU core (``--cpu``, default the highest-numbered one:
+   ``worldcell.affinity``) and starts the alarm pump (a tick every 25 ms) and its delivery thread pool —
    the same queue services the Celery tasks call;
 6. serves the RPC API and the admin with waitress (a production WSGI server)
    on 127.0.0.1:8787 by default;
@@ -84,12 +85,23 @@ class Command(BaseCommand):
         parser.add_argument("--no-collectstatic", action="store_true",
                             help="do not collect static files at start (they are then served unhashed)")
         parser.add_argument("--quiet", action="store_true", help="do not log each delivery")
+        parser.add_argument("--cpu", default="auto",
+                            help="pin the fleet to one core: auto (the highest-numbered one, default), a core "
+                                 "number, or all (no pinning); docs/operations.md \"One core per process\"")
 
     def handle(self, *args, **opts):
         from waitress.server import create_server
 
         from queueing.pump import LocalPump
 
+        from worldcell.affinity import AffinityError, choose_cpu, pin_process
+
+        try:
+            cpu = choose_cpu(opts["cpu"])
+        except AffinityError as exc:
+            raise CommandError(str(exc)) from exc
+        if cpu is not None:
+            pin_process(cpu)  # before the server's and the pump's threads start: they inherit it
         settings.WORLDCELL_USE_CELERY = False
         if not opts["no_migrate"]:
             call_command("migrate", interactive=False, verbosity=0)
@@ -112,6 +124,7 @@ class Command(BaseCommand):
         db = settings.DATABASES["default"]
         self.stdout.write(f"worldcell dev fleet listening on {url}")
         self.stdout.write(f"  database: {db['ENGINE'].rsplit('.', 1)[-1]} {db['NAME']}")
+        self.stdout.write(f"  cpu: {'core ' + str(cpu) + ' (--cpu all: any core)' if cpu is not None else 'any core'}")
         self.stdout.write(f"  WORLD_SECRET: {origin}" + (f" ({Path(settings.DATA_DIR) / 'world-secret'})" if origin != "environment" else ""))
         self.stdout.write(f"  admin: {url}/admin/  create a login with the fleet's own settings:")
         self.stdout.write(f"    {superuser_hint()}")
