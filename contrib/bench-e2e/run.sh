@@ -31,7 +31,8 @@
 #                    the run its top statements by time are written to $RUN_DIR/pg_stat_statements.txt
 #   BENCH_WAITRESS_THREADS  analysis: waitress's --threads for worldcell-pg (default 8, the README's)
 #   BENCH_API_CPUS   run the API process (waitress, gunicorn or devfleet) under `taskset -c <list>`,
-#                    e.g. 1 (docs/operations.md "One core per API process"); default: unpinned
+#                    e.g. 1 (docs/operations.md "One core per process"); default: unpinned
+#                    (devfleet pins itself to one core anyway: its --cpu)
 #   BENCH_WORKER_CPUS  the same for the Celery worker
 #   BENCH_PYTHON     Python with this checkout installed; default <checkout>/.venv/bin/python,
 #                    created with `pip install -e .` when missing

@@ -2,8 +2,10 @@
 
 What it does, in order:
 
-1. forces the broker off (``WORLDCELL_USE_CELERY = False``): the queue is
-   driven by the in-process pump, no Redis or Celery needed;
+1. pins itself to one CPU core (``--cpu``, default the highest-numbered one it
+   may use: ``worldcell.affinity``) and forces the broker off
+   (``WORLDCELL_USE_CELERY = False``): the queue is driven by the in-process
+   pump, no Redis or Celery needed;
 2. applies migrations to the configured database (a SQLite file under
    ``./data`` unless ``DATABASE_URL`` says otherwise) and collects the static
    files (``collectstatic``: the console's CSS/JS, compressed, content-hashed,
@@ -11,8 +13,7 @@ What it does, in order:
 3. takes ``WORLD_SECRET`` from the environment, or reuses the one it generated
    on an earlier start (``data/world-secret``), or generates and saves a new one;
 4. prints the environment lines a Node app needs;
-5. pins itself to one CPU core (``--cpu``, default the highest-numbered one:
-   ``worldcell.affinity``) and starts the alarm pump (a tick every 25 ms) and its delivery thread pool —
+5. starts the alarm pump (a tick every 25 ms) and its delivery thread pool —
    the same queue services the Celery tasks call;
 6. serves the RPC API and the admin with waitress (a production WSGI server)
    on 127.0.0.1:8787 by default;
@@ -101,7 +102,11 @@ class Command(BaseCommand):
         except AffinityError as exc:
             raise CommandError(str(exc)) from exc
         if cpu is not None:
-            pin_process(cpu)  # before the server's and the pump's threads start: they inherit it
+            try:
+                pin_process(cpu)  # before the server's and the pump's threads start: they inherit it
+            except OSError as exc:  # e.g. a container's cpuset narrower than the affinity mask
+                log.warning("could not pin the fleet to core %s (%s); it runs unpinned", cpu, exc)
+                cpu = None
         settings.WORLDCELL_USE_CELERY = False
         if not opts["no_migrate"]:
             call_command("migrate", interactive=False, verbosity=0)
@@ -124,7 +129,7 @@ class Command(BaseCommand):
         db = settings.DATABASES["default"]
         self.stdout.write(f"worldcell dev fleet listening on {url}")
         self.stdout.write(f"  database: {db['ENGINE'].rsplit('.', 1)[-1]} {db['NAME']}")
-        self.stdout.write(f"  cpu: {'core ' + str(cpu) + ' (--cpu all: any core)' if cpu is not None else 'any core'}")
+        self.stdout.write(f"  cpu: {f'core {cpu} (--cpu all: not pinned)' if cpu is not None else 'not pinned'}")
         self.stdout.write(f"  WORLD_SECRET: {origin}" + (f" ({Path(settings.DATA_DIR) / 'world-secret'})" if origin != "environment" else ""))
         self.stdout.write(f"  admin: {url}/admin/  create a login with the fleet's own settings:")
         self.stdout.write(f"    {superuser_hint()}")
