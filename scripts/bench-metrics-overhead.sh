@@ -7,7 +7,7 @@ cd "$(dirname "$0")/.."
 ROUNDS=${1:-3}
 PORT=${BENCH_PORT:-18430}
 DB=${BENCH_DB:-wc_ops_bench}
-BENCH=${BENCH_PY:-/work/shared/bench/bench.py}
+BENCH=${BENCH_PY:-contrib/bench-micro/bench.py}
 OUT=${OUT:-bench-results/metrics-overhead}
 mkdir -p "$OUT"
 export DATABASE_URL=postgres://postgres@127.0.0.1:5432/$DB WORLD_SECRET=bench-secret WORLDCELL_USE_CELERY=true

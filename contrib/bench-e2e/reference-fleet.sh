@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Starts world-celld's in-memory reference fleet from a world-celld client tarball, for side by
-# side micro runs with /work/shared/bench/bench.py (see docs/benchmarks.md):
+# side micro runs with contrib/bench-micro/bench.py (see docs/benchmarks.md):
 #
 #   contrib/bench-e2e/reference-fleet.sh <world-celld-0.1.0.tgz> --port N --secret S
 #
