@@ -7,8 +7,9 @@ from cells.models import Run
 from queueing.models import Message
 from tests.lifecycle.support import enqueue
 from tests.runs.support import RunClient
+from tests.services import refused_url
 
-TARGET = "http://127.0.0.1:18799"  # tests.lifecycle.support's target (nothing listens there)
+TARGET = refused_url()  # the same as tests.lifecycle.support's: nothing listens there
 INPUT = [b"\x00\x01args", {"n": 1}]
 
 

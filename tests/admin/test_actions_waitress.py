@@ -11,12 +11,14 @@ import threading
 
 import httpx
 import pytest
-from django.conf import settings
 
 from tests.e2e.fleet_processes import PY, ROOT, api_server, base_env, fresh_database
+from tests.services import refused_url
 from worldcell_client import WorldClient
 
-TARGET = "http://127.0.0.1:18799"
+pytestmark = pytest.mark.slow  # starts fleet processes
+
+TARGET = refused_url()  # nothing listens there (tests/services.py)
 CSRF = re.compile(r'name="csrfmiddlewaretoken" value="([^"]+)"')
 
 
@@ -49,9 +51,7 @@ def _page_of(http: httpx.Client, run_id: str) -> str:
 
 
 def test_rerun_and_reenqueue_through_waitress(tmp_path):
-    db = settings.DATABASES["default"]
-    postgres = db if db["ENGINE"].endswith("postgresql") else None
-    with fresh_database(tmp_path, postgres) as url, \
+    with fresh_database(tmp_path) as url, \
             api_server("waitress", url, tmp_path, tmp_path / "waitress.log") as (base, secret, _):
         world = WorldClient(base, secret)
         _run(world, "wrun_w1", finish=True)

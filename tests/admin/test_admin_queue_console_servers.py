@@ -11,25 +11,21 @@ a real Celery worker and beat on PostgreSQL, devfleet on SQLite; deliveries to a
 """
 from __future__ import annotations
 
-import os
 import re
-import signal
-import subprocess
 import time
-from pathlib import Path
 
 import httpx
 import pytest
 
-from tests.e2e.fleet_processes import PY, ROOT, base_env, celery_fleet, dev_fleet
+from tests.e2e.fleet_processes import ROOT, base_env, celery_fleet, dev_fleet
 from tests.ops.support import admin_login, cookie_header, create_superuser, fresh_database, suite_is_postgres
 from tests.queueing.support import Answer, HttpSink, wait_until
+from tests.services import CeleryProc
 from worldcell_client import WorldClient
 
 pytestmark = pytest.mark.slow
 
 HTMX = ROOT / "worldcell" / "static" / "worldcell" / "vendor" / "htmx-2.0.4.min.js"
-BROKER = f"redis://127.0.0.1:6379/{int(os.environ.get('TEST_REDIS_DB_BASE', '5')) + 1}"
 
 
 def _get(url: str, path: str, jar: dict[str, str]) -> httpx.Response:
@@ -97,35 +93,26 @@ def test_the_console_through_devfleet(tmp_path):
         sink.close()
 
 
-def _worker(env: dict[str, str], log: Path) -> subprocess.Popen:
-    return subprocess.Popen(
-        [str(Path(PY).parent / "celery"), "-A", "worldcell", "worker", "--pool", "threads", "--concurrency", "4",
-         "--loglevel", "INFO", "--without-gossip", "--without-mingle"],
-        cwd=ROOT, env=env, stdout=open(log, "ab"), stderr=subprocess.STDOUT, start_new_session=True,
-    )
-
-
 @pytest.mark.postgres_only
-def test_the_console_through_waitress_and_celery_and_a_worker_killed_mid_post(tmp_path):
+def test_the_console_through_waitress_and_celery_and_a_worker_killed_mid_post(tmp_path, broker_url):
     sink = HttpSink()
     first = second = None
     try:
         with fresh_database(tmp_path) as db_url:
             create_superuser(db_url, tmp_path)
             extra = {"QUEUE_CLAIM_LEASE_MS": "1500", "QUEUE_MAX_ATTEMPTS": "2"}
-            with celery_fleet(db_url, tmp_path, tmp_path, BROKER, extra_env=extra, processes=("api", "beat")) as (
+            with celery_fleet(db_url, tmp_path, tmp_path, broker_url, extra_env=extra, processes=("api", "beat")) as (
                 url, secret, _
             ):
-                env = base_env(db_url, secret, tmp_path, CELERY_BROKER_URL=BROKER, WORLDCELL_USE_CELERY="true",
+                env = base_env(db_url, secret, tmp_path, CELERY_BROKER_URL=broker_url, WORLDCELL_USE_CELERY="true",
                                **extra)
                 sink.hold()
-                first = _worker(env, tmp_path / "worker1.log")
+                first = CeleryProc("worker", "worker1", tmp_path, env)
                 WorldClient(url, secret).enqueue("__wkf_step_kill", {"n": 1}, target_base_url=sink.url,
                                                  message_id="m_kill")
                 assert sink.wait_for(1, 30)
-                os.kill(first.pid, signal.SIGKILL)  # in the middle of the POST
-                first.wait(10)
-                second = _worker(env, tmp_path / "worker2.log")
+                first.kill9()  # in the middle of the POST
+                second = CeleryProc("worker", "worker2", tmp_path, env)
                 time.sleep(2.0)  # the killed claim's lease lapses; the new worker's pump claims it again
                 sink.release()
                 assert sink.wait_for(2, 30)
@@ -141,9 +128,5 @@ def test_the_console_through_waitress_and_celery_and_a_worker_killed_mid_post(tm
     finally:
         sink.close()
         for proc in (first, second):
-            if proc is not None and proc.poll() is None:
-                os.killpg(proc.pid, signal.SIGTERM)
-                try:
-                    proc.wait(20)
-                except subprocess.TimeoutExpired:
-                    os.killpg(proc.pid, signal.SIGKILL)
+            if proc is not None:
+                proc.stop()

@@ -6,7 +6,11 @@ import subprocess
 import sys
 from datetime import datetime, timezone
 
+import pytest
+
 from worldcell_client import index_calls_after_apply_event, run_index_entries
+
+pytestmark = pytest.mark.any_database  # runs in the PostgreSQL pass only
 
 CREATED = datetime(2026, 1, 2, 3, 4, 5, 678000, tzinfo=timezone.utc)
 RUN = {"runId": "wrun_1", "workflowName": "wf-é", "status": "cancelled", "createdAt": CREATED}

@@ -6,29 +6,23 @@
   against PostgreSQL and Redis (or only some of them: ``processes``).
 * ``api_server(kind, db_url)`` — ``manage.py migrate`` and one API server
   (``"waitress"`` or ``"gunicorn"``, the README's command lines) on a free port.
-* ``fresh_database(tmp_path)`` — a brand-new database URL (PostgreSQL when the test
-  session runs on it, else a SQLite file), dropped afterwards.
+* ``fresh_database(tmp_path)``, ``free_port()``, ``base_env(...)`` — from ``tests/services.py``.
 
 They yield ``(url, secret, processes)`` and stop every process afterwards.
 """
 from __future__ import annotations
 
 import contextlib
-import os
 import shlex
 import signal
-import socket
 import subprocess
-import sys
 import time
 import uuid
 from pathlib import Path
 
 import httpx
-import psycopg
 
-ROOT = Path(__file__).resolve().parents[2]
-PY = sys.executable
+from tests.services import PY, ROOT, celery_command, free_port, fresh_database, process_env  # noqa: F401  (re-exported)
 
 
 README = ROOT / "README.md"
@@ -51,12 +45,6 @@ def readme_api_command(kind: str, port: int) -> list[str]:
             argv = shlex.split(text.replace(listen, f"127.0.0.1:{port}"))
             return [str(Path(PY).parent / argv[0]), *argv[1:]]
     raise LookupError(f"README.md has no {exe} command line listening on {listen}")
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def wait_healthy(url: str, procs: list[subprocess.Popen], timeout_s: float = 60) -> None:
@@ -87,39 +75,22 @@ def _stop(procs: list[subprocess.Popen]) -> None:
 
 
 def base_env(db_url: str, secret: str, data_dir: Path, **extra: str) -> dict[str, str]:
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("DJANGO_", "PYTEST_"))}
-    env.update(
-        DATABASE_URL=db_url,
-        WORLD_SECRET=secret,
-        WORLDCELL_DATA_DIR=str(data_dir),
-        WORLDCELL_NO_BOOTSTRAP="1",
-        PYTHONUNBUFFERED="1",
-        **extra,
-    )
-    return env
+    """``tests.services.process_env`` with the fleet's ``WORLD_SECRET``."""
+    return process_env(db_url, data_dir, secret=secret, **extra)
 
 
 @contextlib.contextmanager
-def fresh_database(tmp_path: Path, postgres: dict | None = None):
-    """Yield the URL of a new empty database; dropped afterwards.
-
-    ``postgres`` is Django's ``DATABASES["default"]`` when the session runs on
-    PostgreSQL (a ``worldcell_e2e_<hex>`` database is created on that server),
-    else None (a SQLite file in ``tmp_path``).
-    """
-    if postgres is None:
-        yield f"sqlite:///{tmp_path / 'fleet.sqlite3'}"
-        return
-    host, port, user = postgres["HOST"] or "127.0.0.1", postgres["PORT"] or 5432, postgres["USER"] or "postgres"
-    name = f"worldcell_e2e_{uuid.uuid4().hex[:8]}"
-    admin = f"host={host} port={port} user={user} dbname=postgres"
-    with psycopg.connect(admin, autocommit=True) as conn:
-        conn.execute(f'CREATE DATABASE "{name}"')
+def _serving(cmd: list[str], env: dict[str, str], port: int, log_path: Path):
+    """Run server ``cmd`` (output appended to ``log_path``) until it answers ``/v1/health``; yields ``(url, proc)``."""
+    log = open(log_path, "ab")
+    proc = subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT)
+    url = f"http://127.0.0.1:{port}"
     try:
-        yield f"postgres://{user}@{host}:{port}/{name}"
+        wait_healthy(url, [proc])
+        yield url, proc
     finally:
-        with psycopg.connect(admin, autocommit=True) as conn:
-            conn.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+        _stop([proc])
+        log.close()
 
 
 @contextlib.contextmanager
@@ -133,15 +104,8 @@ def api_server(kind: str, db_url: str, data_dir: Path, log_path: Path, extra_env
     port = free_port()
     env = base_env(db_url, secret, data_dir, WORLDCELL_USE_CELERY="false", **(extra_env or {}))
     subprocess.run([PY, "manage.py", "migrate", "--noinput", "-v", "0"], cwd=ROOT, env=env, check=True)
-    log = open(log_path, "ab")
-    proc = subprocess.Popen(readme_api_command(kind, port), cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT)
-    url = f"http://127.0.0.1:{port}"
-    try:
-        wait_healthy(url, [proc])
+    with _serving(readme_api_command(kind, port), env, port, log_path) as (url, proc):
         yield url, secret, proc
-    finally:
-        _stop([proc])
-        log.close()
 
 
 @contextlib.contextmanager
@@ -151,17 +115,8 @@ def dev_fleet(db_url: str, data_dir: Path, log_path: Path, extra_env: dict[str, 
     secret = uuid.uuid4().hex
     port = free_port()
     env = base_env(db_url, secret, data_dir, **(extra_env or {}))
-    log = open(log_path, "ab")
-    proc = subprocess.Popen(
-        [PY, "manage.py", "devfleet", "--port", str(port), *args], cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT
-    )
-    url = f"http://127.0.0.1:{port}"
-    try:
-        wait_healthy(url, [proc])
+    with _serving([PY, "manage.py", "devfleet", "--port", str(port), *args], env, port, log_path) as (url, proc):
         yield url, secret, proc
-    finally:
-        _stop([proc])
-        log.close()
 
 
 def _with_args(cmd: list[str], args: tuple[str, ...]) -> list[str]:
@@ -192,13 +147,10 @@ def celery_fleet(db_url: str, data_dir: Path, log_dir: Path, broker_url: str, ex
     subprocess.run([PY, "manage.py", "migrate", "--noinput", "-v", "0"], cwd=ROOT, env=env, check=True)
     if "api" in processes:
         subprocess.run([PY, "manage.py", "collectstatic", "--noinput", "-v", "0"], cwd=ROOT, env=env, check=True)
-    bin_dir = Path(PY).parent
     cmds = {
         "api": _with_args(readme_api_command(api, port), api_args),
-        "worker": [str(bin_dir / "celery"), "-A", "worldcell", "worker", "--pool", "threads", "--concurrency", "16",
-                   "--loglevel", "INFO", "--without-gossip", "--without-mingle"],
-        "beat": [str(bin_dir / "celery"), "-A", "worldcell", "beat", "--loglevel", "INFO",
-                 "--schedule", str(data_dir / "celerybeat-schedule")],
+        "worker": celery_command("worker", "worker", data_dir, concurrency=16, heartbeat=True)[0],
+        "beat": celery_command("beat", "celerybeat", data_dir)[0],
     }
     procs = []
     logs = []

@@ -8,13 +8,11 @@ Redis. Each test gets a brand-new database that the fleet migrates itself.
 from __future__ import annotations
 
 import contextlib
-import os
-import time
 
 import pytest
-from django.conf import settings
 
-from tests.e2e.fleet_processes import celery_fleet, dev_fleet, fresh_database
+from tests.e2e.fleet_processes import celery_fleet, dev_fleet
+from tests.services import fresh_database, suite_is_postgres, wait_for
 from tests.e2e.order_runtime import OrderRuntime
 
 pytestmark = pytest.mark.slow
@@ -23,27 +21,14 @@ SHARDS = 2
 
 
 @contextlib.contextmanager
-def fresh_fleet(tmp_path):
-    db = settings.DATABASES["default"]
-    postgres = db if db["ENGINE"].endswith("postgresql") else None
-    with fresh_database(tmp_path, postgres) as url:
-        if postgres:
-            broker = f"redis://127.0.0.1:6379/{int(os.environ.get('TEST_REDIS_DB_BASE', '5')) + 1}"
-            with celery_fleet(url, tmp_path, tmp_path, broker_url=broker) as (fleet_url, secret, _):
+def fresh_fleet(tmp_path, broker_url: str):
+    with fresh_database(tmp_path) as url:
+        if suite_is_postgres():
+            with celery_fleet(url, tmp_path, tmp_path, broker_url=broker_url) as (fleet_url, secret, _):
                 yield fleet_url, secret
         else:
             with dev_fleet(url, tmp_path, tmp_path / "devfleet.log") as (fleet_url, secret, _):
                 yield fleet_url, secret
-
-
-def wait_for(predicate, timeout_s: float, what: str):
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        value = predicate()
-        if value:
-            return value
-        time.sleep(0.05)
-    raise AssertionError(f"timed out waiting for {what}")
 
 
 def dump_logs(tmp_path):
@@ -52,8 +37,8 @@ def dump_logs(tmp_path):
         print(log.read_text(errors="replace")[-6000:])
 
 
-def test_it_runs_order_workflows_to_completion(tmp_path):
-    with fresh_fleet(tmp_path) as (fleet_url, secret), OrderRuntime(fleet_url, secret, shards=SHARDS) as app:
+def test_it_runs_order_workflows_to_completion(tmp_path, broker_url):
+    with fresh_fleet(tmp_path, broker_url) as (fleet_url, secret), OrderRuntime(fleet_url, secret, shards=SHARDS) as app:
         try:
             world = app.world
             assert world.health()["name"] == "world-celld"

@@ -6,25 +6,15 @@ import threading
 from concurrent.futures import ThreadPoolExecutor
 
 import pytest
-from django.db import connection, transaction
+from django.db import transaction
 from django.test import Client
 
 from cells.models import lock_hook_token
 from tests.conftest import RpcClient
+from tests.services import in_thread
 
 WORKERS = 32
 
-
-def in_thread(fn):
-    """Wrap ``fn`` so the thread closes its own DB connection when done."""
-
-    def run(*args):
-        try:
-            return fn(*args)
-        finally:
-            connection.close()
-
-    return run
 
 
 def reserve(token, run_id):

@@ -13,10 +13,11 @@ from typing import Any
 from cells.lifecycle import correlation_key, listing_keys
 from queueing.models import DeadLetter, Message, QueueCell
 from tests.runs.support import RunClient
+from tests.services import refused_url
 from worldcell import codec
 from worldcell_client import shared_codec_dumps
 
-TARGET = "http://127.0.0.1:18799"
+TARGET = refused_url()  # nothing listens there (tests/services.py)
 
 
 def client_index_puts(rpc, run_id: str, outcome: dict[str, Any]) -> list[str]:

@@ -9,7 +9,6 @@ ticker and a new worker each sweep at startup). The workflow is the
 from __future__ import annotations
 
 import contextlib
-import os
 import sqlite3
 import subprocess
 import time
@@ -24,6 +23,7 @@ from django.conf import settings
 
 from tests.e2e.fleet_processes import PY, ROOT, base_env, celery_fleet, dev_fleet
 from tests.e2e.order_runtime import OrderRuntime
+from tests.services import wait_for
 from worldcell_client import RpcCallError, WorldClient
 
 pytestmark = pytest.mark.slow
@@ -71,12 +71,11 @@ class FleetDb:
 
 
 @contextlib.contextmanager
-def fleet(db: FleetDb, tmp_path: Path):
-    """Start the fleet on ``db``; yields ``(url, secret)`` (a new secret each start)."""
+def fleet(db: FleetDb, tmp_path: Path, broker_url: str):
+    """Start the fleet on ``db`` (Celery over ``broker_url`` on PostgreSQL); yields ``(url, secret)`` (a new secret each start)."""
     env = dict(LIFECYCLE_ENV)
     if db.postgres:
-        broker = f"redis://127.0.0.1:6379/{int(os.environ.get('TEST_REDIS_DB_BASE', '5')) + 1}"
-        with celery_fleet(db.url, tmp_path, tmp_path, broker_url=broker, extra_env=env) as (url, secret, _):
+        with celery_fleet(db.url, tmp_path, tmp_path, broker_url=broker_url, extra_env=env) as (url, secret, _):
             yield url, secret
     else:
         with dev_fleet(db.url, tmp_path, tmp_path / "devfleet.log", extra_env=env) as (url, secret, _):
@@ -89,16 +88,6 @@ def manage(db: FleetDb, tmp_path: Path, *args: str, **env: str) -> str:
     proc = subprocess.run([PY, "manage.py", *args], cwd=ROOT, env=e, capture_output=True, text=True, timeout=120)
     assert proc.returncode == 0, proc.stdout + proc.stderr
     return proc.stdout
-
-
-def wait_for(predicate, timeout_s: float, what: str):
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        value = predicate()
-        if value:
-            return value
-        time.sleep(0.1)
-    raise AssertionError(f"timed out waiting for {what}")
 
 
 def dump_logs(tmp_path: Path) -> None:
@@ -121,10 +110,11 @@ def bring_up(app: OrderRuntime, port: int) -> None:
     app.thread.start()
 
 
-def test_a_purged_run_is_repaired_exactly_once_across_sweeps_and_restarts_then_completes(tmp_path):
+@pytest.mark.slow(reason="three fleet starts and stuck-run sweeps that wait out the 2 s stuck threshold")
+def test_a_purged_run_is_repaired_exactly_once_across_sweeps_and_restarts_then_completes(tmp_path, broker_url):
     db = FleetDb(tmp_path)
     try:
-        with fleet(db, tmp_path) as (url, secret):
+        with fleet(db, tmp_path, broker_url) as (url, secret):
             app = OrderRuntime(url, secret, shards=1)
             port = take_down(app)  # the app is down: a repair message can only wait and retry
             run_id = app.start_order("order-stuck")
@@ -135,10 +125,10 @@ def test_a_purged_run_is_repaired_exactly_once_across_sweeps_and_restarts_then_c
             out = manage(db, tmp_path, "reconcile")  # sweep 1
             assert "repaired 1" in out, out
             assert "repaired 0" in manage(db, tmp_path, "reconcile")  # sweep 2
-        with fleet(db, tmp_path):  # restart 1 (the dev fleet's ticker sweeps at startup)
+        with fleet(db, tmp_path, broker_url):  # restart 1 (the dev fleet's ticker sweeps at startup)
             time.sleep(1)
             assert "repaired 0" in manage(db, tmp_path, "reconcile")  # sweep 3
-        with fleet(db, tmp_path) as (url, secret):  # restart 2
+        with fleet(db, tmp_path, broker_url) as (url, secret):  # restart 2
             time.sleep(1)
             assert "repaired 0" in manage(db, tmp_path, "reconcile")  # sweep 4
             assert "repaired 0" in manage(db, tmp_path, "reconcile")  # sweep 5
@@ -173,10 +163,10 @@ def test_a_purged_run_is_repaired_exactly_once_across_sweeps_and_restarts_then_c
         db.drop()
 
 
-def test_retention_expires_a_finished_run_and_the_client_sees_it_gone(tmp_path):
+def test_retention_expires_a_finished_run_and_the_client_sees_it_gone(tmp_path, broker_url):
     db = FleetDb(tmp_path)
     try:
-        with fleet(db, tmp_path) as (url, secret), OrderRuntime(url, secret, shards=1) as app:
+        with fleet(db, tmp_path, broker_url) as (url, secret), OrderRuntime(url, secret, shards=1) as app:
             run_id = app.start_order("order-old")
             token = f"approve-{run_id}"
             wait_for(lambda: app.world.hook_by_token(token), 60, "the approval hook")

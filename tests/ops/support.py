@@ -1,46 +1,16 @@
 """Helpers of the operations tests: throwaway databases, a superuser, an admin login over HTTP."""
 from __future__ import annotations
 
-import contextlib
 import re
 import subprocess
-import uuid
 from pathlib import Path
 
 import httpx
-import psycopg
-from django.conf import settings
 
 from tests.e2e.fleet_processes import PY, ROOT, base_env
+from tests.services import fresh_database, suite_is_postgres  # noqa: F401  (re-exported)
 
 PASSWORD = "s3cret-pass-for-tests"
-
-
-def suite_is_postgres() -> bool:
-    return settings.DATABASES["default"]["ENGINE"].endswith("postgresql")
-
-
-def _pg_admin() -> tuple[str, str]:
-    db = settings.DATABASES["default"]
-    host, port, user = db["HOST"] or "127.0.0.1", db["PORT"] or 5432, db["USER"] or "postgres"
-    return f"host={host} port={port} user={user} dbname=postgres", f"postgres://{user}@{host}:{port}"
-
-
-@contextlib.contextmanager
-def fresh_database(tmp_path: Path):
-    """A brand-new empty database of the suite's kind; yields its ``DATABASE_URL`` and drops it after."""
-    if not suite_is_postgres():
-        yield f"sqlite:///{tmp_path / 'fleet.sqlite3'}"
-        return
-    name = f"worldcell_ops_{uuid.uuid4().hex[:8]}"
-    admin, base = _pg_admin()
-    with psycopg.connect(admin, autocommit=True) as conn:
-        conn.execute(f'CREATE DATABASE "{name}"')
-    try:
-        yield f"{base}/{name}"
-    finally:
-        with psycopg.connect(admin, autocommit=True) as conn:
-            conn.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
 
 
 def create_superuser(db_url: str, data_dir: Path, username: str = "ops") -> None:

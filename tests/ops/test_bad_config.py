@@ -11,7 +11,7 @@ from django.conf import settings
 
 from tests.e2e.fleet_processes import PY, ROOT, base_env, free_port
 
-pytestmark = pytest.mark.postgres_only
+pytestmark = [pytest.mark.postgres_only, pytest.mark.slow]  # slow: starts fleet processes
 
 BIN = Path(PY).parent
 

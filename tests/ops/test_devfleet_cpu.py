@@ -12,6 +12,8 @@ from tests.e2e.fleet_processes import PY, ROOT, base_env, dev_fleet
 from tests.ops.support import fresh_database
 from worldcell.affinity import AffinityError, choose_cpu
 
+pytestmark = [pytest.mark.any_database, pytest.mark.slow]  # slow: starts fleet processes
+
 ALLOWED = set(os.sched_getaffinity(0))
 needs_two_cores = pytest.mark.skipif(len(ALLOWED) < 2, reason="this machine lets the tests run on one core only")
 

@@ -6,7 +6,6 @@ tests commit their rows (``transaction=True``).
 from __future__ import annotations
 
 import json
-import os
 import time
 
 import pytest
@@ -19,7 +18,6 @@ from worldcell.rpc import HEALTH_BODY
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
-BROKER = f"redis://127.0.0.1:6379/{int(os.environ.get('TEST_REDIS_DB_BASE', '5'))}"
 
 
 @pytest.fixture(autouse=True)
@@ -29,9 +27,9 @@ def uncached(settings):
 
 
 @pytest.fixture
-def celery_mode(settings):
+def celery_mode(settings, broker_url):
     settings.WORLDCELL_USE_CELERY = True
-    settings.CELERY_BROKER_URL = BROKER
+    settings.CELERY_BROKER_URL = broker_url
     return settings
 
 

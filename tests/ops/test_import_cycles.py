@@ -11,6 +11,10 @@ from __future__ import annotations
 import ast
 from pathlib import Path
 
+import pytest
+
+pytestmark = pytest.mark.any_database  # runs in the PostgreSQL pass only
+
 ROOT = Path(__file__).resolve().parents[2]
 PACKAGES = ("worldcell", "cells", "queueing")
 

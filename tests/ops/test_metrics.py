@@ -6,7 +6,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from queueing.models import DeadLetter, Message
 from queueing.service import QueueCell
-from tests.queueing.support import Answer, HttpSink, VirtualClock, enqueue_request, tick
+from tests.queueing.support import Answer, VirtualClock, enqueue_request, sink, tick  # noqa: F401  (sink: a fixture)
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -41,11 +41,6 @@ def fresh_queue_labels():
     metrics.reset_queue_labels()
 
 
-@pytest.fixture
-def sink():
-    s = HttpSink()
-    yield s
-    s.close()
 
 
 def test_rpc_requests_are_counted_by_binding_method_and_status(client, rpc):

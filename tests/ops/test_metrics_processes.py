@@ -3,7 +3,6 @@ multiprocess mode, and a Celery worker serves its delivery metrics on its own po
 from __future__ import annotations
 
 import json
-import os
 import time
 
 import httpx
@@ -16,7 +15,6 @@ from tests.ops.support import fresh_database
 
 pytestmark = [pytest.mark.slow, pytest.mark.postgres_only]
 
-BROKER = f"redis://127.0.0.1:6379/{int(os.environ.get('TEST_REDIS_DB_BASE', '5')) + 1}"
 WORKER_METRICS_PORT = free_port()  # chosen once per test session
 
 
@@ -28,7 +26,7 @@ def _value(text: str, name: str, **labels) -> float:
     return 0.0
 
 
-def test_gunicorn_workers_add_up_and_the_celery_worker_serves_its_own(tmp_path):
+def test_gunicorn_workers_add_up_and_the_celery_worker_serves_its_own(tmp_path, broker_url):
     # as the shipped systemd units: the API (gunicorn) in multiprocess mode with a directory of its
     # own; the worker (threads pool, one process) serves its own metrics on a port
     per_process = {"api": {"PROMETHEUS_MULTIPROC_DIR": str(tmp_path / "prom")},
@@ -36,7 +34,7 @@ def test_gunicorn_workers_add_up_and_the_celery_worker_serves_its_own(tmp_path):
     sink = HttpSink()
     try:
         with fresh_database(tmp_path) as db_url:
-            with celery_fleet(db_url, tmp_path, tmp_path, BROKER, process_env=per_process, api="gunicorn") as (url, secret, _):
+            with celery_fleet(db_url, tmp_path, tmp_path, broker_url, process_env=per_process, api="gunicorn") as (url, secret, _):
                 before = httpx.get(f"{url}/metrics", timeout=10).text
                 for _ in range(40):  # a new connection each: gunicorn spreads them over its 2 workers
                     resp = httpx.get(f"{url}/v1/health", timeout=10)

@@ -12,8 +12,8 @@ import time
 import httpx
 import pytest
 
-from tests.e2e.fleet_processes import celery_fleet, free_port
-from tests.ops.services import private_postgres, private_redis
+from tests.e2e.fleet_processes import celery_fleet
+from tests.services import free_port, private_postgres, private_redis
 
 pytestmark = [pytest.mark.slow, pytest.mark.postgres_only]
 

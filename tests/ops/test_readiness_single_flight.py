@@ -20,7 +20,7 @@ from tests.e2e.fleet_processes import celery_fleet
 from tests.ops.support import fresh_database
 from worldcell import codec
 
-pytestmark = [pytest.mark.slow, pytest.mark.timeout(180)]
+pytestmark = [pytest.mark.any_database, pytest.mark.slow, pytest.mark.timeout(180)]
 
 TIMEOUT_S = 3.0
 PROBES = 40

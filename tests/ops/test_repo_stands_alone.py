@@ -15,6 +15,8 @@ from pathlib import Path
 
 import pytest
 
+pytestmark = pytest.mark.any_database  # runs in the PostgreSQL pass only
+
 ROOT = Path(__file__).resolve().parents[2]
 
 # Written in pieces so that this file does not match itself.

@@ -17,6 +17,10 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
+import pytest
+
+pytestmark = pytest.mark.any_database  # runs in the PostgreSQL pass only
+
 ROOT = Path(__file__).resolve().parents[2]
 SOURCES = ("worldcell", "cells", "queueing", "worldcell_client", "manage.py")
 

@@ -6,7 +6,6 @@ the page links) and the ``/v1/docs`` page's JS must all answer 200.
 """
 from __future__ import annotations
 
-import os
 import re
 
 import httpx
@@ -15,7 +14,7 @@ import pytest
 from tests.e2e.fleet_processes import celery_fleet, dev_fleet
 from tests.ops.support import admin_login, cookie_header, create_superuser, fresh_database, suite_is_postgres
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.any_database, pytest.mark.slow]
 
 
 def _assert_static(url: str, path: str, content_type: str) -> httpx.Response:
@@ -62,10 +61,9 @@ def test_devfleet_serves_the_console_static_files(tmp_path):
 
 
 @pytest.mark.postgres_only
-def test_gunicorn_serves_the_console_static_files(tmp_path):
+def test_gunicorn_serves_the_console_static_files(tmp_path, broker_url):
     assert suite_is_postgres()
-    broker = f"redis://127.0.0.1:6379/{int(os.environ.get('TEST_REDIS_DB_BASE', '5')) + 1}"
     with fresh_database(tmp_path) as db_url:
         create_superuser(db_url, tmp_path)
-        with celery_fleet(db_url, tmp_path, tmp_path, broker, processes=("api",), api="gunicorn") as (url, _, _):
+        with celery_fleet(db_url, tmp_path, tmp_path, broker_url, processes=("api",), api="gunicorn") as (url, _, _):
             _check_console(url)

@@ -8,6 +8,8 @@ from pathlib import Path
 
 import pytest
 
+pytestmark = pytest.mark.any_database  # runs in the PostgreSQL pass only
+
 ROOT = Path(__file__).resolve().parents[2]
 UNITS = {name: ROOT / "contrib" / "systemd" / f"worldcell-{name}.service" for name in ("api", "worker", "beat")}
 

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import pytest
 
-from .support import enqueue_request, no_broker, sink, vclock  # noqa: F401  (fixtures)
+from .support import DEADLINE_MS, enqueue_request, no_broker, sink, vclock  # noqa: F401  (fixtures)
 
 Q = "q:0"
 
@@ -39,6 +39,14 @@ class Queue:
 
     def stats(self):
         return self.call("stats")
+
+
+@pytest.fixture
+def claim_deadline_of_the_protocol(settings):
+    """Pin the protocol's claim deadline, timeout + 30 000 ms (docs/protocol.md §7.4): a claim lease
+    at least that long gives exactly that deadline (docs/leases.md). Modules opt in with
+    ``pytest.mark.usefixtures("claim_deadline_of_the_protocol")``."""
+    settings.QUEUE_CLAIM_LEASE_MS = str(DEADLINE_MS)
 
 
 @pytest.fixture

@@ -30,12 +30,13 @@ from typing import Any, Callable
 import pytest
 
 from queueing import delivery, machine
+from tests.services import wait_until  # noqa: F401  (re-exported for the queue and admin tests)
 from worldcell import clock as wc_clock
 
 log = logging.getLogger("tests.queueing.support")
 
 __all__ = [
-    "HANG_UP", "Answer", "DripServer", "HttpSink", "Recorded", "VirtualClock", "enqueue_request", "tick",
+    "DEADLINE_MS", "HANG_UP", "Answer", "DripServer", "HttpSink", "Recorded", "read_request", "VirtualClock", "enqueue_request", "tick",
     "no_broker", "sink", "vclock", "wait_until",
 ]
 
@@ -201,6 +202,30 @@ class HttpSink:
         self.server.server_close()
 
 
+def read_request(conn: socket.socket, buf: bytes) -> tuple[bytes, bytes, bytes] | None:
+    """Read one HTTP/1.1 request with a ``Content-Length`` body from ``conn`` (``buf``: bytes already read).
+
+    Returns ``(head, body, the bytes after it)``, or None when the peer closed before a whole head.
+    """
+    while b"\r\n\r\n" not in buf:
+        chunk = conn.recv(65536)
+        if not chunk:
+            return None
+        buf += chunk
+    head, _, rest = buf.partition(b"\r\n\r\n")
+    length = 0
+    for line in head.split(b"\r\n")[1:]:
+        name, _, value = line.partition(b":")
+        if name.strip().lower() == b"content-length":
+            length = int(value.strip())
+    while len(rest) < length:
+        chunk = conn.recv(65536)
+        if not chunk:
+            break
+        rest += chunk
+    return head, rest[:length], rest[length:]
+
+
 class DripServer:
     """A peer that reads each HTTP request, then sends ``response`` one byte every ``interval_s``.
 
@@ -234,20 +259,8 @@ class DripServer:
         with conn:
             try:
                 conn.settimeout(10)
-                data = b""
-                while b"\r\n\r\n" not in data:
-                    chunk = conn.recv(65536)
-                    if not chunk:
-                        return
-                    data += chunk
-                head, _, body = data.partition(b"\r\n\r\n")
-                length = 0
-                for line in head.split(b"\r\n")[1:]:
-                    name, _, value = line.partition(b":")
-                    if name.strip().lower() == b"content-length":
-                        length = int(value.strip())
-                while len(body) < length:
-                    body += conn.recv(65536)
+                if read_request(conn, b"") is None:
+                    return
                 out = self.response
                 if self.head_fast:
                     head_end = out.index(b"\r\n\r\n") + 4
@@ -306,14 +319,8 @@ def tick(vclock: VirtualClock, advance_ms: int = 0) -> list[delivery.DeliveryRep
     return results
 
 
-def wait_until(predicate: Callable[[], Any], timeout_s: float = 10.0, what: str = "condition") -> None:
-    """Poll ``predicate()`` every 10 ms until it is true; AssertionError after ``timeout_s`` seconds."""
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        if predicate():
-            return
-        time.sleep(0.01)
-    raise AssertionError(f"timed out waiting for {what}")
+#: the protocol's claim deadline, timeout + 30 000 ms (docs/protocol.md §7.4)
+DEADLINE_MS = 300_000 + 30_000
 
 
 def enqueue_request(**over: Any) -> dict[str, Any]:

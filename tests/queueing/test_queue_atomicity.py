@@ -14,19 +14,11 @@ from django.db import connection
 
 from queueing import delivery, machine
 from queueing.models import DeadLetter, Message, QueueCell
-from .support import Answer, enqueue_request, tick
+from .support import DEADLINE_MS, Answer, enqueue_request, tick
 
-pytestmark = pytest.mark.django_db
+pytestmark = [pytest.mark.django_db, pytest.mark.usefixtures("claim_deadline_of_the_protocol")]
 
 Q = "q:0"
-DEADLINE_MS = 300_000 + 30_000
-
-
-@pytest.fixture(autouse=True)
-def claim_deadline_of_the_protocol(settings):
-    """These tests pin the protocol's claim deadline, timeout + 30 000 ms (docs/protocol.md §7.4):
-    a claim lease at least that long gives exactly that deadline (docs/leases.md)."""
-    settings.QUEUE_CLAIM_LEASE_MS = str(DEADLINE_MS)
 
 
 @contextlib.contextmanager

@@ -2,24 +2,21 @@
 test database (docs/architecture.md "Delivery", rules 3 and 6; docs/protocol.md §7, §9.1; §11.6 item 66).
 
 The worker and beat run as subprocesses pointed at this test database
-(``transaction=True`` tests commit, so they see the data) and at Redis DB 5.
+(``transaction=True`` tests commit, so they see the data) and at this test process's own Redis
+(``tests.services.session_redis``).
 Enqueues from this process wake the cell through Celery on commit.
 """
 from __future__ import annotations
 
 import json
-import os
 import random
 import re
-import signal
-import subprocess
 import sys
 import threading
 import time
 from collections import Counter
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
-from urllib.parse import quote
 
 import pytest
 from django.core.management import call_command
@@ -28,101 +25,47 @@ from django.db import connection
 from queueing.models import DeadLetter, Message, QueueCell
 from queueing.service import QueueCell as QueueService
 from .support import Answer, enqueue_request, wait_until
+from tests.services import CeleryProc, process_env, session_redis, test_database_url, worker_args
 from .fault_support import use_broker
 
 pytestmark = [pytest.mark.celery, pytest.mark.postgres_only, pytest.mark.django_db(transaction=True)]
 
-#: parallel test sessions on one machine set TEST_REDIS_DB_BASE to keep their brokers apart
-BROKER = f"redis://127.0.0.1:6379/{int(os.environ.get('TEST_REDIS_DB_BASE', '5'))}"
 #: the worker dead-letters after 3 counted failures (2 s + 4 s of backoff), to keep the module short
 MAX_ATTEMPTS = 3
-ROOT = Path(__file__).resolve().parents[2]
-BIN = Path(sys.executable).parent
-
-
-def _test_database_url() -> str:
-    s = connection.settings_dict
-    auth = quote(s["USER"] or "postgres")
-    if s.get("PASSWORD"):
-        auth += ":" + quote(s["PASSWORD"])
-    return f"postgres://{auth}@{s['HOST'] or '127.0.0.1'}:{s['PORT'] or 5432}/{s['NAME']}"
 
 
 def _env(tmp: Path) -> dict[str, str]:
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("PYTEST_", "QUEUE_"))}
-    env.update(
-        QUEUE_MAX_ATTEMPTS=str(MAX_ATTEMPTS),
-        DATABASE_URL=_test_database_url(),
-        CELERY_BROKER_URL=BROKER,
-        WORLDCELL_USE_CELERY="true",
-        WORLDCELL_DATA_DIR=str(tmp),
-        DJANGO_SETTINGS_MODULE="worldcell.settings",
-        PYTHONUNBUFFERED="1",
-    )
-    return env
+    return process_env(test_database_url(), tmp, broker_url=session_redis().url, QUEUE_MAX_ATTEMPTS=str(MAX_ATTEMPTS))
 
 
-class Proc:
-    """A subprocess with its output in a log file; ``stop()`` is a warm shutdown, then a kill."""
-
-    def __init__(self, name: str, cmd: list[str], tmp: Path, ready: str | None = None):
-        self.log_path = tmp / f"{name}.log"
-        self.log = open(self.log_path, "ab")
-        self.proc = subprocess.Popen(cmd, cwd=ROOT, env=_env(tmp), stdout=self.log, stderr=subprocess.STDOUT)
-        if ready:
-            deadline = time.monotonic() + 60
-            while ready not in self.text():
-                if self.proc.poll() is not None or time.monotonic() > deadline:
-                    self.stop()
-                    raise RuntimeError(f"{name} did not start:\n{self.text()[-3000:]}")
-                time.sleep(0.1)
-
-    def text(self) -> str:
-        return self.log_path.read_text(errors="replace")
-
-    def stop(self) -> None:
-        if self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGTERM)
-            try:
-                self.proc.wait(20)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait()
-        self.log.close()
-
-
-def start_worker(tmp: Path, name: str = "worker", visibility_timeout: float | None = None) -> Proc:
-    args = ["worker", "--pool", "threads", "--concurrency", "16", "--loglevel", "INFO",
-            "--without-gossip", "--without-mingle", "--hostname", f"{name}@%h"]
+def start_worker(tmp: Path, name: str = "worker", visibility_timeout: float | None = None) -> CeleryProc:
+    """README.md's worker (threads pool, 16 threads), or the same with a short broker visibility timeout."""
     if visibility_timeout is None:
-        cmd = [str(BIN / "celery"), "-A", "worldcell", *args]
-    else:  # the same worker with a short broker visibility timeout
-        code = (
-            "import sys; from worldcell.celery import app; "
-            "app.conf.broker_transport_options = {"
-            f"'visibility_timeout': {visibility_timeout}, 'unacked_restore_interval': 1, "
-            "'unacked_restore_throttle': 1}; "
-            "app.worker_main(sys.argv[1:])"
-        )
-        cmd = [sys.executable, "-c", code, *args]
-    return Proc(name, cmd, tmp, ready=" ready.")
+        return CeleryProc("worker", name, tmp, _env(tmp), concurrency=16, heartbeat=True)
+    code = (
+        "import sys; from worldcell.celery import app; "
+        "app.conf.broker_transport_options = {"
+        f"'visibility_timeout': {visibility_timeout}, 'unacked_restore_interval': 1, "
+        "'unacked_restore_throttle': 1}; "
+        "app.worker_main(sys.argv[1:])"
+    )
+    return CeleryProc("worker", name, tmp, _env(tmp), cmd=[sys.executable, "-c", code, *worker_args(name, 16, True)])
 
 
-def start_beat(tmp: Path, name: str = "beat") -> Proc:
-    cmd = [str(BIN / "celery"), "-A", "worldcell", "beat", "--loglevel", "INFO",
-           "--schedule", str(tmp / f"{name}-schedule")]
-    return Proc(name, cmd, tmp, ready="beat: Starting")
+def start_beat(tmp: Path, name: str = "beat") -> CeleryProc:
+    return CeleryProc("beat", name, tmp, _env(tmp))
 
 
 @pytest.fixture(scope="module")
 def broker():
-    """Redis DB 5, emptied, as this process's Celery broker."""
+    """This test process's own Redis (``tests.services.session_redis``), emptied, as its Celery broker."""
     import redis
 
     from worldcell.celery import app
 
-    redis.Redis.from_url(BROKER).flushdb()
-    undo = use_broker(BROKER)  # also resets the cached write URL and producer pool
+    url = session_redis().url
+    redis.Redis.from_url(url).flushall()
+    undo = use_broker(url)  # also resets the cached write URL and producer pool
     yield app
     undo()
 
@@ -236,7 +179,7 @@ def test_it_delivers_a_delay_longer_than_the_visibility_timeout_exactly_once(sin
     try:
         t0 = time.time()
         enqueue("q:0", messageId="msg_late", delaySeconds=4, target=sink.url)
-        r = redis.Redis.from_url(BROKER)
+        r = redis.Redis.from_url(session_redis().url)
         time.sleep(0.5)
         while time.time() - t0 < 3.5:
             for raw in r.hgetall("unacked").values():
@@ -289,6 +232,7 @@ def test_it_delivers_after_rearm_alarms_when_the_alarm_was_cleared_by_hand(sink,
 
 
 @pytest.mark.slow
+@pytest.mark.slow(reason="two beats hammer the alarms for 30 s of real time")
 def test_it_never_delivers_twice_with_two_beats_hammering_for_30_seconds(sink, worker, tmp_path):
     lock = threading.Lock()
     successes: Counter[str] = Counter()

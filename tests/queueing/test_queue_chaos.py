@@ -25,28 +25,11 @@ from django.db import connection
 
 from queueing.models import DeadLetter, Message
 from queueing.service import QueueCell as QueueService
+from tests.services import CeleryProc, process_env, redis_service, test_database_url, wait_until
+from .fault_support import FAULT_MARKS, Ledger, use_broker
 from .support import Answer, HttpSink, enqueue_request
-from .fault_support import (
-    PORT_BASE,
-    FleetProc,
-    Ledger,
-    RedisServer,
-    fleet_database_url,
-    fleet_env,
-    port_is_free,
-    redis_available,
-    use_broker,
-    wait_until,
-)
 
-pytestmark = [
-    pytest.mark.celery,
-    pytest.mark.postgres_only,
-    pytest.mark.slow,
-    pytest.mark.django_db(transaction=True),
-    pytest.mark.skipif(not redis_available(), reason="needs redis-server"),
-    pytest.mark.timeout(180),
-]
+pytestmark = [*FAULT_MARKS, pytest.mark.timeout(180)]
 
 FLEET_APP = "wc-chaos-fleet"
 SHARDS = 4
@@ -64,10 +47,10 @@ def terminate_fleet_backends() -> int:
         return cursor.fetchone()[0]
 
 
+@pytest.mark.slow(reason="a scripted 30 s timeline of kills, a broker restart and cut connections")
 def test_every_accepted_message_is_delivered_through_kills_broker_restarts_and_cut_db_connections(tmp_path, settings):
     started = time.monotonic()
-    port = next(p for p in range(PORT_BASE + 10, PORT_BASE + 20) if port_is_free(p))
-    broker = RedisServer(port, tmp_path / "redis.log").start()
+    broker = redis_service(log=tmp_path / "redis.log").start()
     undo_broker = use_broker(broker.url)
     settings.WORLDCELL_USE_CELERY = True
     rng = random.Random(5)
@@ -83,9 +66,9 @@ def test_every_accepted_message_is_delivered_through_kills_broker_restarts_and_c
     ledger = Ledger(decide)
     sink = HttpSink()
     sink.script(ledger)
-    env = fleet_env(tmp_path, fleet_database_url(FLEET_APP), broker.url)
-    workers: list[FleetProc] = []
-    beat: FleetProc | None = None
+    env = process_env(test_database_url(FLEET_APP), tmp_path, broker_url=broker.url)
+    workers: list[CeleryProc] = []
+    beat: CeleryProc | None = None
     kills = 0
     stop = threading.Event()
     accepted: list[str] = []
@@ -95,7 +78,7 @@ def test_every_accepted_message_is_delivered_through_kills_broker_restarts_and_c
     def supervisor():  # systemd Restart=always for the worker: no human involved
         while not stop.is_set():
             if not workers[-1].alive():
-                workers.append(FleetProc("worker", f"worker-{len(workers) + 1}", tmp_path, env))
+                workers.append(CeleryProc("worker", f"worker-{len(workers) + 1}", tmp_path, env))
                 events.append(f"{time.monotonic() - started:.1f}s supervisor started worker-{len(workers)}")
             time.sleep(0.3)
 
@@ -117,8 +100,8 @@ def test_every_accepted_message_is_delivered_through_kills_broker_restarts_and_c
             connection.close()
 
     try:
-        workers.append(FleetProc("worker", "worker-1", tmp_path, env))
-        beat = FleetProc("beat", "beat", tmp_path, env)
+        workers.append(CeleryProc("worker", "worker-1", tmp_path, env))
+        beat = CeleryProc("beat", "beat", tmp_path, env)
         beat_pid = beat.pid
         sup = threading.Thread(target=supervisor, daemon=True)
         sup.start()
@@ -137,7 +120,7 @@ def test_every_accepted_message_is_delivered_through_kills_broker_restarts_and_c
             workers[-1].kill9()
 
         at(5, "kill -9 worker", kill_worker)
-        at(12, "redis killed", broker.stop)
+        at(12, "redis killed", broker.kill)
         at(20, "redis restarted", lambda: broker.start() and None)
         at(25, "terminated fleet backends", terminate_fleet_backends)
         at(31, "kill -9 worker", kill_worker)

@@ -19,39 +19,20 @@ from django.db import connection
 from queueing import wake
 from queueing.models import DeadLetter, Message
 from queueing.service import QueueCell as QueueService
+from tests.services import CeleryProc, private_redis, process_env, test_database_url, wait_until
+from .fault_support import FAULT_MARKS, Ledger, use_broker
 from .support import Answer, enqueue_request
-from .fault_support import (
-    PORT_BASE,
-    FleetProc,
-    Ledger,
-    RedisServer,
-    fleet_database_url,
-    fleet_env,
-    port_is_free,
-    redis_available,
-    use_broker,
-    wait_until,
-)
 
-pytestmark = [
-    pytest.mark.celery,
-    pytest.mark.postgres_only,
-    pytest.mark.slow,
-    pytest.mark.django_db(transaction=True),
-    pytest.mark.skipif(not redis_available(), reason="needs redis-server"),
-    pytest.mark.timeout(240),
-]
+pytestmark = [*FAULT_MARKS, pytest.mark.timeout(240)]
 
 
 @pytest.fixture
 def broker(tmp_path):
     """A private redis-server, and this process's Celery app pointed at it."""
-    port = next(p for p in range(PORT_BASE, PORT_BASE + 10) if port_is_free(p))
-    server = RedisServer(port, tmp_path / "redis.log").start()
-    undo = use_broker(server.url)
-    yield server
-    undo()
-    server.stop()
+    with private_redis(log=tmp_path / "redis.log") as server:
+        undo = use_broker(server.url)
+        yield server
+        undo()
 
 
 @pytest.fixture
@@ -62,11 +43,11 @@ def use_celery(settings):
 @pytest.fixture
 def fleet(tmp_path, broker, use_celery):
     """Start workers and beat with ``start(kind, name, **env)``; stops them all afterwards."""
-    procs: list[FleetProc] = []
+    procs: list[CeleryProc] = []
 
-    def start(kind: str, name: str, **extra: str) -> FleetProc:
-        env = fleet_env(tmp_path, fleet_database_url("wc-fleet"), broker.url, **extra)
-        p = FleetProc(kind, name, tmp_path, env)
+    def start(kind: str, name: str, **extra: str) -> CeleryProc:
+        env = process_env(test_database_url("wc-fleet"), tmp_path, broker_url=broker.url, **extra)
+        p = CeleryProc(kind, name, tmp_path, env)
         procs.append(p)
         return p
 
@@ -118,6 +99,7 @@ def no_claim_in_flight() -> bool:
 # --------------------------------------------------------------------------- broker loss
 
 
+@pytest.mark.slow(reason="the broker stays down for 10 s of real time, then every message must land")
 @pytest.mark.parametrize("worker_tick_ms", ["1000", "600000"], ids=["pump-ticks", "beat-alone"])
 def test_the_worker_rides_out_a_10_second_broker_outage_and_loses_nothing(fleet, broker, sink, worker_tick_ms):
     """200 messages; Redis killed 10 s mid-run (its queued tasks are lost) and restarted.
@@ -183,7 +165,7 @@ def test_the_worker_rides_out_a_10_second_broker_outage_and_loses_nothing(fleet,
     t.start()
     first_half_done.wait(2.5)
     outage["start"] = time.time()
-    broker.stop()
+    broker.kill()  # an outage: whatever Redis held is lost
     outage_started.set()
     second_half_done.wait(90)
     time.sleep(max(0.0, outage["start"] + 10 - time.time()))  # down for at least 10 s
@@ -229,6 +211,7 @@ def test_the_worker_rides_out_a_10_second_broker_outage_and_loses_nothing(fleet,
 # --------------------------------------------------------------------------- a killed worker (leases)
 
 
+@pytest.mark.slow(reason="a killed claim is only recovered after its 10 s default lease lapses")
 def test_a_killed_workers_in_flight_message_is_redelivered_within_15_seconds(fleet, sink):
     """Default settings (``QUEUE_CLAIM_LEASE_MS`` 10 000): kill -9 mid-delivery -> another worker redelivers."""
     held = threading.Event()
@@ -260,6 +243,7 @@ def test_a_killed_workers_in_flight_message_is_redelivered_within_15_seconds(fle
         held.set()
 
 
+@pytest.mark.slow(reason="the delivery takes 60 s so that six 10 s leases must be renewed")
 def test_a_60_second_delivery_on_a_live_worker_is_delivered_exactly_once(fleet, sink):
     """The sink answers after 60 s (timeout 90 s, lease 10 s): renewals keep the claim; a second worker
     and beat fire the cell's alarm all along and never redeliver."""

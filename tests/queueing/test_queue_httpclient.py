@@ -12,7 +12,7 @@ import pytest
 from queueing import httpclient
 from queueing.delivery import post_message
 from queueing.machine import DeliveryRow
-from .support import DripServer
+from .support import DripServer, read_request
 
 
 class RawServer:
@@ -51,19 +51,10 @@ class RawServer:
             served = 0
             try:
                 while True:
-                    while b"\r\n\r\n" not in buf:
-                        chunk = conn.recv(65536)
-                        if not chunk:
-                            return
-                        buf += chunk
-                    head, _, buf = buf.partition(b"\r\n\r\n")
-                    length = next(
-                        int(line.split(b":", 1)[1]) for line in head.split(b"\r\n")
-                        if line.lower().startswith(b"content-length:")
-                    )
-                    while len(buf) < length:
-                        buf += conn.recv(65536)
-                    body, buf = buf[:length], buf[length:]
+                    request = read_request(conn, buf)
+                    if request is None:
+                        return
+                    head, body, buf = request
                     self.requests.append(head + b"\r\n\r\n" + body)
                     data = self.answer(len(self.requests))
                     if self.split:

@@ -20,20 +20,12 @@ from queueing.machine import sql as qsql
 from worldcell import sql as executor
 from queueing.models import DeadLetter, Message, QueueCell
 from queueing.service import parse_enqueue_request
-from .support import enqueue_request
+from .support import DEADLINE_MS, enqueue_request
 from tests.conftest import is_postgres
 
-pytestmark = pytest.mark.django_db(transaction=True)
+pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.usefixtures("claim_deadline_of_the_protocol")]
 
 Q = "q:0"
-DEADLINE_MS = 300_000 + 30_000
-
-
-@pytest.fixture(autouse=True)
-def claim_deadline_of_the_protocol(settings):
-    """These tests pin the protocol's claim deadline, timeout + 30 000 ms (docs/protocol.md §7.4):
-    a claim lease at least that long gives exactly that deadline (docs/leases.md)."""
-    settings.QUEUE_CLAIM_LEASE_MS = str(DEADLINE_MS)
 
 
 @pytest.fixture(params=["one_trip", "python"])

@@ -10,13 +10,13 @@ from collections import Counter
 from concurrent.futures import ThreadPoolExecutor
 
 import pytest
-from django.db import connection
 
 from queueing import delivery, machine
 from queueing.models import DeadLetter, Message
 from queueing.models import QueueCell as QueueCellRow
 from queueing.pump import LocalPump
 from queueing.service import QueueCell
+from tests.services import in_thread
 from .support import Answer, enqueue_request, wait_until
 
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -35,17 +35,6 @@ def pump():
     for p in started:
         p.stop(5)
 
-
-def in_thread(fn):
-    """Run ``fn`` on a thread with its own DB connection, closed afterwards."""
-
-    def run(*args):
-        try:
-            return fn(*args)
-        finally:
-            connection.close()
-
-    return run
 
 
 def test_it_delivers_right_after_the_enqueue_commits_without_waiting_for_a_tick(rpc, sink, pump):

@@ -13,7 +13,6 @@ from urllib.parse import urlsplit
 
 import httpx
 import pytest
-from django.conf import settings
 
 from tests.conftest import encode_component
 from tests.e2e.fleet_processes import ROOT, api_server, free_port, fresh_database, wait_healthy
@@ -74,10 +73,8 @@ def nginx_front(upstream_port: int):
 @contextlib.contextmanager
 def running(kind: str, tmp_path):
     """``kind``: ``waitress``, ``gunicorn`` or ``nginx`` (gunicorn behind the contrib front)."""
-    db = settings.DATABASES["default"]
-    postgres = db if db["ENGINE"].endswith("postgresql") else None
     server_kind = "gunicorn" if kind == "nginx" else kind
-    with fresh_database(tmp_path, postgres) as url, \
+    with fresh_database(tmp_path) as url, \
             api_server(server_kind, url, tmp_path, tmp_path / f"{kind}.log") as (base, secret, _):
         port = urlsplit(base).port
         if kind != "nginx":

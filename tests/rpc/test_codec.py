@@ -6,6 +6,8 @@ from hypothesis import given, settings, strategies as st
 
 from worldcell import codec
 
+pytestmark = pytest.mark.any_database  # runs in the PostgreSQL pass only
+
 
 def dt(text):
     return codec.parse_date_string(text)

@@ -13,7 +13,7 @@ import psycopg
 import pytest
 from django.db import connection
 
-from tests.conftest import is_postgres
+from tests.conftest import is_postgres, record_statements
 
 pytestmark = [
     pytest.mark.postgres_only,
@@ -28,15 +28,7 @@ def _admin_dsn() -> str:
 
 def _probes(monkeypatch) -> list[str]:
     """Record every statement sent on plain psycopg cursors (where Django's probe goes)."""
-    sent: list[str] = []
-    execute = psycopg.Cursor.execute
-
-    def recording(cur, query, params=None, **kwargs):
-        sent.append(str(query))
-        return execute(cur, query, params, **kwargs)
-
-    monkeypatch.setattr(psycopg.Cursor, "execute", recording)
-    return sent
+    return record_statements(monkeypatch, psycopg.Cursor)
 
 
 def _start_request() -> None:

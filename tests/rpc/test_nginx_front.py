@@ -14,7 +14,7 @@ from tests.ops.support import admin_login, create_superuser, fresh_database
 from tests.rpc.conftest import nginx_front
 from tests.rpc.rawhttp import exchange
 
-pytestmark = [pytest.mark.slow, pytest.mark.timeout(180)]
+pytestmark = [pytest.mark.any_database, pytest.mark.slow, pytest.mark.timeout(180)]
 
 #: HSTS is only sent on a request Django takes as secure: its presence shows what the app believed.
 FRONT_ENV = {"DJANGO_SECURE_HSTS_SECONDS": "3600"}

@@ -16,7 +16,7 @@ import pytest
 from tests.rpc.rawhttp import Reader, connect, request_head
 from worldcell import rpc
 
-pytestmark = [pytest.mark.slow, pytest.mark.timeout(60)]
+pytestmark = [pytest.mark.any_database, pytest.mark.slow, pytest.mark.timeout(60)]
 
 SLOW_CLIENTS = 64
 PROBES = 8

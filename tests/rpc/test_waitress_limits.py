@@ -13,7 +13,7 @@ from tests.e2e.fleet_processes import readme_api_command
 from tests.rpc.rawhttp import Reader, connect, request_head
 from worldcell import rpc
 
-pytestmark = [pytest.mark.slow, pytest.mark.timeout(180)]
+pytestmark = [pytest.mark.any_database, pytest.mark.slow, pytest.mark.timeout(180)]
 
 
 def _flag(name: str) -> int:
@@ -38,6 +38,7 @@ def test_a_100_mb_body_is_refused_before_it_is_sent(production_server):
     assert time.monotonic() - started < 5
 
 
+@pytest.mark.slow(reason="waits out README's 30 s --channel-timeout")
 def test_a_stalled_body_loses_its_connection_after_the_channel_timeout(production_server):
     server = production_server
     limit_s = _flag("--channel-timeout") + _flag("--cleanup-interval")

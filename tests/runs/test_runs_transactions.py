@@ -24,7 +24,7 @@ from cells.run_store import LockedRunCell
 from worldcell import sql as storage
 from cells.runs import RunCell
 
-from tests.conftest import RpcClient, is_postgres
+from tests.conftest import RpcClient, is_postgres, record_statements
 from .support import RunClient
 
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -69,14 +69,7 @@ def test_an_event_takes_two_round_trips(run, monkeypatch):
     import psycopg
 
     _lifecycle(RunClient(run.rpc, "wrun_warm"))  # statements are prepared once per connection
-    sent: list[str] = []
-    execute = psycopg.ClientCursor.execute
-
-    def counting(cur, query, params=None, **kwargs):
-        sent.append(str(query))
-        return execute(cur, query, params, **kwargs)
-
-    monkeypatch.setattr(psycopg.ClientCursor, "execute", counting)
+    sent = record_statements(monkeypatch, psycopg.ClientCursor)
     outcomes = _lifecycle(run)
     monkeypatch.undo()
     ours = [q for q in sent if q != "SELECT 1"]  # not Django's CONN_HEALTH_CHECKS probes

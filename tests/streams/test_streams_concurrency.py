@@ -3,22 +3,13 @@ import threading
 from concurrent.futures import ThreadPoolExecutor
 
 import pytest
-from django.db import connection
 from django.test import Client
 
 from tests.conftest import RpcClient
+from tests.services import in_thread
 
 WRITERS = 32
 
-
-def in_thread(fn):
-    def run(*args):
-        try:
-            return fn(*args)
-        finally:
-            connection.close()
-
-    return run
 
 
 @pytest.mark.django_db(transaction=True)
