@@ -16,6 +16,8 @@ Every piece stays cheap at a million runs (docs/console.md "Run list"):
   over the newest ``SQLITE_SCAN_ROWS`` runs only (said in the help text).
 * ``runs_with_prefix`` — the run-id prefix jump: the run when one id starts
   with the prefix, else the list.
+* ``run_duration_ms`` — a run's duration for the list's column and the run
+  page's status (or the time so far while it runs).
 """
 from __future__ import annotations
 
@@ -30,6 +32,7 @@ from django.utils.html import format_html
 from worldcell import codec, display
 from worldcell.keys import storable_text
 
+from .event_machine import TERMINAL_RUN
 from .models import Event, Hook, Run, RunCellState
 
 __all__ = [
@@ -40,6 +43,7 @@ __all__ = [
     "StatusCountFilter",
     "failure_annotation",
     "failure_reason",
+    "run_duration_ms",
     "runs_with_prefix",
     "search_runs",
 ]
@@ -146,6 +150,21 @@ def failure_reason(head: str | None) -> str:
         return json.dumps(codec.decode(head))[:200]
     except ValueError:
         return head[:200]
+
+
+# --------------------------------------------------------------------------- duration
+
+
+def run_duration_ms(run: Run, now_ms: int) -> tuple[int | None, bool]:
+    """``(duration ms, still going)``: completedAt (or now) minus startedAt (or createdAt)."""
+    start = run.started_at or run.created_at
+    if start is None:
+        return None, False
+    if run.completed_at is not None:
+        return codec.epoch_ms(run.completed_at) - codec.epoch_ms(start), False
+    if run.status in TERMINAL_RUN:
+        return None, False
+    return now_ms - codec.epoch_ms(start), True
 
 
 # --------------------------------------------------------------------------- search

@@ -1,4 +1,4 @@
-"""The console's stream viewer: every chunk of a run's stream, page by page, and its download.
+"""The console's streams: the viewer (every chunk of a run's stream, page by page), its download, the run page's list.
 
 * ``stream_page`` — the context of ``<run>/stream/?name=<name>&from=<index>&as=text|json|hex``:
   ``CHUNKS_PER_PAGE`` chunks by index range (indexes are dense, so a page is
@@ -7,6 +7,9 @@
 * ``stream_download`` — ``<run>/stream/download/?name=<name>``: the whole
   stream as one ``StreamingHttpResponse``, read ``DOWNLOAD_BATCH`` chunks at a
   time (memory bounded by one batch whatever the stream's length).
+* ``stream_rows`` — the run page's streams section: each registered stream
+  with its state and a preview of its first and last chunk (``CHUNK_PREVIEW_BYTES``),
+  at most ``STREAMS_SHOWN`` streams, in three queries.
 
 A stream is shown only under a run that registered it (``run-streams:<runId>``,
 docs/protocol.md §8.1). Non-bytes chunks (§12 A11, codec text in ``value``)
@@ -16,15 +19,22 @@ from __future__ import annotations
 
 import json
 from typing import Any, Iterator
+from urllib.parse import urlencode
 
+from django.db.models import Q
 from django.http import Http404, StreamingHttpResponse
+from django.urls import reverse
 from django.utils.html import format_html
 
 from worldcell import codec, display
+from worldcell.admin_site import format_datetime, status_badge
 
 from .models import Stream, StreamChunk, StreamRegistration
 
-__all__ = ["CHUNKS_PER_PAGE", "CHUNK_VIEW_BYTES", "DOWNLOAD_BATCH", "VIEW_MODES", "chunk_bytes", "stream_download", "stream_page"]
+__all__ = [
+    "CHUNKS_PER_PAGE", "CHUNK_PREVIEW_BYTES", "CHUNK_VIEW_BYTES", "DOWNLOAD_BATCH", "STREAMS_SHOWN", "VIEW_MODES",
+    "chunk_bytes", "stream_download", "stream_page", "stream_rows",
+]
 
 #: Chunks shown per page.
 CHUNKS_PER_PAGE = 100
@@ -34,6 +44,10 @@ CHUNK_VIEW_BYTES = 16_384
 DOWNLOAD_BATCH = 200
 #: The decoding switch.
 VIEW_MODES = ("text", "json", "hex")
+#: Streams listed on the run page.
+STREAMS_SHOWN = 50
+#: Bytes of a stream chunk read for its preview.
+CHUNK_PREVIEW_BYTES = 96
 
 
 def registered_stream(run_id: str, name: str) -> Stream | None:
@@ -141,3 +155,57 @@ def stream_download(run_id: str, name: str) -> StreamingHttpResponse:
     response["X-Stream-Chunks"] = str(count)
     return response
 
+
+def stream_rows(run_id: str, run_pk: int) -> list[dict[str, Any]]:
+    """The run's streams: registry ``run-streams:<runId>`` -> ``stream:<name>`` rows -> first/last chunks."""
+    stream_base = reverse("admin:cells_run_stream", args=[run_pk])
+    download_base = reverse("admin:cells_run_stream_download", args=[run_pk])
+    names = list(
+        StreamRegistration.objects.filter(cell=f"run-streams:{run_id}")
+        .order_by("name")
+        .values_list("name", flat=True)[:STREAMS_SHOWN]
+    )
+    if not names:
+        return []
+    streams = {s.name: s for s in Stream.objects.filter(name__in=[f"stream:{n}" for n in names])}
+    wanted = Q()
+    for s in streams.values():
+        if s.count > 0:
+            wanted |= Q(stream_id=s.pk, index=0) | Q(stream_id=s.pk, index=s.count - 1)
+    chunks: dict[tuple[int, int], StreamChunk] = {}
+    if wanted:
+        rows = (
+            StreamChunk.objects.filter(wanted)
+            .defer("data", "value")
+            .annotate(
+                **display.binary_annotations("data", head=CHUNK_PREVIEW_BYTES),
+                **display.payload_annotations("value", head=display.INLINE_HEAD_CHARS),
+            )
+        )
+        chunks = {(c.stream_id, c.index): c for c in rows}
+    out = []
+    for name in names:
+        stream = streams.get(f"stream:{name}")
+        row: dict[str, Any] = {"name": name, "stream": stream}
+        if stream is not None:
+            query = urlencode({"name": name})
+            row["view_url"] = f"{stream_base}?{query}"
+            row["download_url"] = f"{download_base}?{query}"
+        if stream is not None and stream.count > 0:
+            row["first"] = _chunk_preview(chunks.get((stream.pk, 0)))
+            if stream.count > 1:
+                row["last"] = _chunk_preview(chunks.get((stream.pk, stream.count - 1)))
+        if stream is not None:
+            row["state"] = status_badge("closed" if stream.closed else "open")
+            row["updated"] = format_datetime(stream.updated_at)
+        out.append(row)
+    return out
+
+
+def _chunk_preview(chunk: StreamChunk | None) -> str:
+    if chunk is None:
+        return "—"
+    head = getattr(chunk, "pv_data_head", None)
+    if head is not None:
+        return display.render_bytes(bytes(head), chunk.pv_data_size)
+    return display.render_payload(display.stored_text(chunk, "value"), inline=True)

@@ -1,7 +1,7 @@
 """The retention fence's guards: what an expired run answers (docs/lifecycle.md §2–§3).
 
 A run is behind its fence once ``RunCellState.expired`` is set (in the same
-transaction that writes its ``RunTombstone``, ``cells.lifecycle.expire_runs``).
+transaction that writes its ``RunTombstone``, ``cells.lifecycle.expiry.expire_runs``).
 The cell services call these at single, delimited hook points:
 
 * ``RunExpired`` — HTTP 410 ``RunExpiredError`` (reads of an expired run,

@@ -1,6 +1,6 @@
 """The console's "Redrive to another URL…" for one dead letter (docs/operations.md "Console actions").
 
-``RedriveEditedUrlMixin`` is mixed into ``queueing.admin.DeadLetterAdmin``.
+``RedriveEditedUrlMixin`` is mixed into ``queueing.admin_dead_letters.DeadLetterAdmin``.
 It needs ``queueing.redrive_edited_url`` (without it the button is not shown
 and the URL answers 403). Three steps, nothing written before the last:
 

@@ -1,6 +1,6 @@
 """The live parts of the queue console: the dashboard fragment, the outcome chart, driver liveness, attempt logs.
 
-``queueing.admin`` wires these into its pages (docs/queue-console.md):
+``queueing.admin_dashboard`` and ``queueing.admin_messages`` wire these into their pages (docs/queue-console.md):
 
 * ``live_context(now)`` — what the dashboard's self-refreshing fragment
   (``templates/admin/queueing/queuecell/live.html``, polled by htmx) shows:
@@ -34,7 +34,7 @@ __all__ = ["CHART_MINUTES", "attempt_log_html", "live_context", "outcome_chart"]
 CHART_MINUTES = 60
 #: Seconds between refreshes of the live dashboard fragment.
 REFRESH_S = 5
-#: An alarm this late (ms) means no driver is firing the cell (as ``queueing.admin.ALARM_LATE_MS``).
+#: An alarm this late (ms) means no driver is firing the cell (as ``queueing.admin_dashboard.ALARM_LATE_MS``).
 ALARM_LATE_MS = 5_000
 
 #: counter, label, colour (the same in light and dark mode: mid-tone fills)
