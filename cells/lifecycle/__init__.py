@@ -38,16 +38,11 @@ ways in)::
     cleanup.py    clean_runs: the paged deletion, phase by phase (PAGE, the duty cycle)
     sweeper.py    sweep: one tick (due runs, the lease, stragglers), status
 
-The package is one namespace, as when it was one module: setting a name on it
-(``lifecycle.PAGE = 2``, ``monkeypatch.setattr(lifecycle, "_delete_index_keys", …)``)
-sets it in every part that holds it too, so the code that reads it there sees
-the new value (``_Package``).
+A test that changes a part's setting or helper patches it where it lives
+(``cells.lifecycle.cleanup.PAGE``, ``cells.lifecycle.store.delete_index_keys``): the
+parts read those two through their home module, never a copy of their own.
 """
 from __future__ import annotations
-
-import sys
-import types
-from typing import Any
 
 from queueing.runref import run_of_message  # noqa: F401 - re-exported
 
@@ -62,15 +57,13 @@ from ..fence import (  # noqa: F401 - re-exported: the guards live in cells.fenc
     refuse_enqueue,
     run_of_index_key,
 )
-from . import cleanup, expiry, policies, store, sweeper
-from .cleanup import PAGE, PAGES_PER_TICK, clean_run, clean_runs, duty_cycle  # noqa: F401 - re-exported
+from .cleanup import PAGES_PER_TICK, clean_run, clean_runs, duty_cycle  # noqa: F401 - re-exported
 from .expiry import expire_run, expire_runs  # noqa: F401 - re-exported
 from .policies import TERMINAL_STATUSES, Policy, describe_ms, policy, settle_ms  # noqa: F401 - re-exported
-from .store import INDEX_CELL, _delete_index_keys, correlation_key, listing_keys  # noqa: F401 - re-exported
+from .store import INDEX_CELL, correlation_key, listing_keys  # noqa: F401 - re-exported
 from .sweeper import LEASE_S, SweepReport, due_runs, status, sweep  # noqa: F401 - re-exported
 
 __all__ = [
-    "PAGE",
     "Policy",
     "RunExpired",
     "SweepReport",
@@ -90,28 +83,3 @@ __all__ = [
     "sweep",
 ]
 
-_PARTS = (policies, store, expiry, cleanup, sweeper)
-_UNSET = object()
-
-
-class _Package(types.ModuleType):
-    """``cells.lifecycle`` as one namespace: a name set on the package is set in its parts too.
-
-    Each part that holds the same object under that name (where it is
-    defined, and where it was imported with ``from .part import name``) is
-    rebound to the new value, so a setting or helper replaced on the package
-    (a test's ``monkeypatch.setattr(lifecycle, "PAGE", 2)``) is the one the
-    code reads, and putting the old value back restores it everywhere.
-    """
-
-    def __setattr__(self, name: str, value: Any) -> None:
-        old = self.__dict__.get(name, _UNSET)
-        super().__setattr__(name, value)
-        if old is _UNSET or name.startswith("__"):
-            return
-        for part in _PARTS:
-            if part.__dict__.get(name, _UNSET) is old:
-                setattr(part, name, value)
-
-
-sys.modules[__name__].__class__ = _Package

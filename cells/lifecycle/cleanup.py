@@ -39,13 +39,13 @@ from ..models import (
     StreamRegistration,
 )
 from ..models.tombstone import CLEANUP_PHASES, FlowMessageRecord, RunRepair
+from . import store
 from .policies import settle_ms
 from .store import (
     _IDX,
     INDEX_CELL,
     _add_tallies,
-    _delete_index_keys,
-    _delete_index_keys_by_run,
+    delete_index_keys_by_run,
     _marks,
     _rowcount,
     _rows,
@@ -180,7 +180,7 @@ def _phase_events(group: _Group, budget: _Budget, now: datetime) -> bool:
                     if c is not None]
             found = _rows(f'SELECT "key" FROM "{_IDX}" WHERE "cell" = %s AND "key" IN ({_marks(keys)})',
                           [INDEX_CELL, *keys]) if keys else []
-            _delete_index_keys([k for (k,) in found])
+            store.delete_index_keys([k for (k,) in found])
             _delete_ids(_EV, [r[0] for r in rows])
             done = len(rows) < PAGE
             tallies = _count([(group.cells[r[1]], "events") for r in rows] +
@@ -302,7 +302,7 @@ def _phase_settle(group: _Group, budget: _Budget, now: datetime) -> bool:
         return False
     with transaction.atomic():
         keys = [k for t in tombs for k in listing_keys(t["run_id"], t["workflow_name"], codec.to_utc_ms(t["created_at"]))]
-        for run_id, n in _delete_index_keys_by_run(keys).items():
+        for run_id, n in delete_index_keys_by_run(keys).items():
             tallies.setdefault(run_id, {})["index"] = n
         _add_tallies(tallies, {run_id: "done" for run_id in run_ids})
         RunTombstone.objects.filter(run_id__in=run_ids).update(cleaned_at=clock.now())

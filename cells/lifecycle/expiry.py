@@ -18,7 +18,7 @@ from worldcell import clock
 from ..models import Run, RunTombstone
 from ..models.tombstone import CLEANUP_PHASES
 from .policies import Policy, policy
-from .store import _CELL, _add_tallies, _delete_index_keys_by_run, _marks, _rowcount, _rows, listing_keys
+from .store import _CELL, _add_tallies, delete_index_keys_by_run, _marks, _rowcount, _rows, listing_keys
 
 __all__ = ["expire_run", "expire_runs"]
 
@@ -86,7 +86,7 @@ def expire_runs(run_ids: list[str], now: datetime | None = None, *, reason: str 
             return []
         RunTombstone.objects.bulk_create(tombs)
         _rowcount(f'UPDATE "{_CELL}" SET "expired" = %s WHERE "id" IN ({_marks(fenced)})', [True, *fenced])
-        deleted = _delete_index_keys_by_run(keys)
+        deleted = delete_index_keys_by_run(keys)
         _add_tallies({t.run_id: {"index": deleted.get(t.run_id, 0)} for t in tombs}, {})
     return [t.run_id for t in tombs]
 

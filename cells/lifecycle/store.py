@@ -5,7 +5,7 @@
   ``_db_time`` a datetime as the database's parameter.
 * ``listing_keys`` / ``correlation_key`` — the keys the reference client
   writes to the index cell (``INDEX_CELL``) for a run and for one event;
-  ``_delete_index_keys`` / ``_delete_index_keys_by_run`` delete them.
+  ``delete_index_keys`` / ``delete_index_keys_by_run`` delete them.
 * ``_add_tallies`` — adds what a transaction deleted to the tombstones'
   ``deleted`` counts and moves them to their next phase.
 
@@ -71,19 +71,19 @@ def _db_time(value: datetime) -> Any:
     return connection.ops.adapt_datetimefield_value(value)
 
 
-def _delete_index_keys(keys: list[str]) -> int:
+def delete_index_keys(keys: list[str]) -> int:
     """Delete those of ``keys`` that exist in the index cell; how many went."""
     if not keys:
         return 0
     return _rowcount(f'DELETE FROM "{_IDX}" WHERE "cell" = %s AND "key" IN ({_marks(keys)})', [INDEX_CELL, *keys])
 
 
-def _delete_index_keys_by_run(keys: list[str]) -> dict[str, int]:
+def delete_index_keys_by_run(keys: list[str]) -> dict[str, int]:
     """Delete run-scoped ``keys`` (their run is the last ``:`` segment); ``{run id: keys deleted}``."""
     if not keys:
         return {}
     found = _rows(f'SELECT "key" FROM "{_IDX}" WHERE "cell" = %s AND "key" IN ({_marks(keys)})', [INDEX_CELL, *keys])
-    _delete_index_keys([k for (k,) in found])
+    delete_index_keys([k for (k,) in found])
     out: dict[str, int] = {}
     for (key,) in found:
         run_id = key.rsplit(":", 1)[-1]

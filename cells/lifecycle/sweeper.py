@@ -17,7 +17,8 @@ from worldcell import clock, codec, metrics
 from worldcell import sql as wsql
 
 from ..models import LifecycleState, RunTombstone
-from .cleanup import _RN, PAGE, _Budget, _delete_queue_rows, clean_runs
+from . import cleanup
+from .cleanup import _RN, _Budget, _delete_queue_rows, clean_runs
 from .expiry import expire_runs
 from .policies import TERMINAL_STATUSES, Policy, policy, settle_ms
 from .store import _CELL, _db_time, _rowcount, _rows
@@ -182,7 +183,7 @@ def _delete_stragglers() -> int:
         runs = _rows(
             f'SELECT DISTINCT m."run_id" FROM "{table}" m JOIN "{_CELL}" c ON c."name" = m."run_id" '
             f'WHERE m."run_id" IS NOT NULL AND c."expired" LIMIT %s',
-            [PAGE],
+            [cleanup.PAGE],
         )
         if runs:
             tallies, _ = _delete_queue_rows([r for (r,) in runs], _Budget(4, 1.0))

@@ -12,6 +12,8 @@ from django.core.exceptions import ImproperlyConfigured
 from django.core.management import call_command
 
 from cells import lifecycle
+from cells.lifecycle import cleanup as lifecycle_cleanup
+from cells.lifecycle import store as lifecycle_store
 from cells.models import (
     Event,
     Hook,
@@ -235,11 +237,11 @@ def test_dry_run_lists_and_writes_nothing(rpc, retention, frozen_clock, capsys):
 
 
 def test_a_crash_mid_cleanup_resumes_and_the_run_never_looks_whole(rpc, retention, frozen_clock, monkeypatch):
-    monkeypatch.setattr(lifecycle, "PAGE", 2)  # many small pages
+    monkeypatch.setattr(lifecycle_cleanup, "PAGE", 2)  # many small pages
     populate(rpc, "wrun_crash", steps=4)
     events = Event.objects.filter(run__cell__name="wrun_crash").count()
     frozen_clock.advance(DAY + 1)
-    real = lifecycle._delete_index_keys
+    real = lifecycle_store.delete_index_keys
     calls = {"n": 0}
 
     def crash_on_third_page(keys):
@@ -248,7 +250,7 @@ def test_a_crash_mid_cleanup_resumes_and_the_run_never_looks_whole(rpc, retentio
             raise RuntimeError("power cut")
         return real(keys)
 
-    monkeypatch.setattr(lifecycle, "_delete_index_keys", crash_on_third_page)
+    monkeypatch.setattr(lifecycle_store, "delete_index_keys", crash_on_third_page)
     report = lifecycle.sweep()
     assert (report.expired, report.failed) == (1, 1)
     tomb = RunTombstone.objects.get(run_id="wrun_crash")
@@ -259,7 +261,7 @@ def test_a_crash_mid_cleanup_resumes_and_the_run_never_looks_whole(rpc, retentio
     assert rpc("runs", "wrun_crash", "getRun")[0] == 410  # ... but never answered as a whole run
     assert rpc("runs", "wrun_crash", "listEvents", None)[0] == 410
     assert run.apply("step_created", "step_x", {"stepName": "s"})["code"] == "RUN_EXPIRED"
-    monkeypatch.setattr(lifecycle, "_delete_index_keys", real)
+    monkeypatch.setattr(lifecycle_store, "delete_index_keys", real)
     report = lifecycle.sweep()
     assert (report.resumed, report.cleaned, report.failed) == (1, 1, 0)
     tomb.refresh_from_db()
@@ -339,7 +341,7 @@ def test_concurrent_events_and_reads_never_outlive_the_fence(rpc, retention, set
 
     settings.WORLDCELL_MAX_RUN_AGE_MS = 0
     settings.WORLDCELL_RUN_RETENTION_MS = None
-    monkeypatch.setattr(lifecycle, "PAGE", 3)
+    monkeypatch.setattr(lifecycle_cleanup, "PAGE", 3)
     run_id = "wrun_race"
     populate(rpc, run_id, steps=5, complete=False, chunks=2)
     stop = threading.Event()
