@@ -45,11 +45,11 @@ from .store import (
     _IDX,
     INDEX_CELL,
     _add_tallies,
-    delete_index_keys_by_run,
     _marks,
     _rowcount,
     _rows,
     correlation_key,
+    delete_index_keys_by_run,
     listing_keys,
 )
 

@@ -18,7 +18,15 @@ from worldcell import clock
 from ..models import Run, RunTombstone
 from ..models.tombstone import CLEANUP_PHASES
 from .policies import Policy, policy
-from .store import _CELL, _add_tallies, delete_index_keys_by_run, _marks, _rowcount, _rows, listing_keys
+from .store import (
+    _CELL,
+    _add_tallies,
+    _marks,
+    _rowcount,
+    _rows,
+    delete_index_keys_by_run,
+    listing_keys,
+)
 
 __all__ = ["expire_run", "expire_runs"]
 
