@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from django.db import models
 
-__all__ = ["Heartbeat"]
+__all__ = ["Heartbeat", "Tenant", "TenantSecret"]
 
 
 class Heartbeat(models.Model):
@@ -22,3 +22,58 @@ class Heartbeat(models.Model):
 
     def __str__(self) -> str:
         return self.name
+
+
+class Tenant(models.Model):
+    """An app (or a deployment of one) that the fleet serves: who a credential belongs to.
+
+    Attributes:
+        slug: the tenant's name in commands, metrics and the console; ``default`` is the
+            tenant ``WORLD_SECRET`` belongs to, created by the migration.
+        name: a display name.
+        protocol: the world-celld client release the tenant's app speaks (``0.1``); empty for
+            the default tenant = ``WORLDCELL_CLIENT_PROTOCOL``.
+        disabled: every credential of a disabled tenant is refused (401).
+    """
+
+    slug = models.SlugField(max_length=63, unique=True)
+    name = models.CharField(max_length=200, blank=True)
+    protocol = models.CharField(max_length=8, blank=True, help_text="client protocol; empty: WORLDCELL_CLIENT_PROTOCOL")
+    disabled = models.BooleanField(default=False)
+    created_at = models.DateTimeField(auto_now_add=True)
+
+    DEFAULT = "default"
+
+    class Meta:
+        verbose_name = "tenant"
+
+    @classmethod
+    def default(cls) -> "Tenant":
+        """The default tenant (``WORLD_SECRET``'s); made again if someone deleted its row."""
+        return cls.objects.get_or_create(slug=cls.DEFAULT, defaults={"name": cls.DEFAULT})[0]
+
+    def __str__(self) -> str:
+        return self.slug
+
+
+class TenantSecret(models.Model):
+    """One bearer secret of a tenant, stored only as a keyed hash (``worldcell.credentials``).
+
+    A rotation is: add a secret, roll the app onto it, revoke the old one; both
+    are accepted meanwhile. ``expires_at`` (optional) and ``revoked_at`` end it.
+    """
+
+    tenant = models.ForeignKey(Tenant, on_delete=models.CASCADE, related_name="secrets")
+    label = models.CharField(max_length=100)
+    digest = models.CharField(max_length=64, unique=True, help_text="HMAC-SHA256 of the secret (hex)")
+    hint = models.CharField(max_length=12, help_text="the secret's first characters, to tell secrets apart")
+    created_at = models.DateTimeField(auto_now_add=True)
+    last_used_at = models.DateTimeField(null=True, blank=True)
+    expires_at = models.DateTimeField(null=True, blank=True)
+    revoked_at = models.DateTimeField(null=True, blank=True)
+
+    class Meta:
+        verbose_name = "tenant secret"
+
+    def __str__(self) -> str:
+        return f"{self.tenant.slug}/{self.label}"

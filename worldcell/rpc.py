@@ -13,12 +13,10 @@ import time
 from typing import Any
 from urllib.parse import unquote_to_bytes, urlsplit, quote
 
-from django.conf import settings
 from django.db import DatabaseError
 from django.http import HttpRequest, HttpResponse
 
-from . import codec, dispatch, metrics
-from .auth import bearer_token_is_valid
+from . import codec, credentials, dispatch, metrics
 from .errors import CellError
 
 log = logging.getLogger("worldcell.rpc")
@@ -167,10 +165,9 @@ def _answer(request: HttpRequest) -> HttpResponse:
     if len(parts) < 2 or parts[1] != "rpc":
         return error_response(404, "NotFound", f"unknown path: {path}")
     # 4-5: fail closed, then bearer auth
-    secret = settings.WORLD_SECRET
-    if not secret:
+    if not credentials.configured():
         return error_response(503, "WorldNotConfigured", "WORLD_SECRET is not configured")
-    if not bearer_token_is_valid(request.META.get("HTTP_AUTHORIZATION"), secret):
+    if credentials.authenticate(request.META.get("HTTP_AUTHORIZATION")) is None:
         return error_response(401, "Unauthorized", "invalid or missing bearer token")
     # 6-8: shape, binding, method
     if request.method != "POST" or len(parts) != 5:

@@ -76,12 +76,22 @@ def _database(default: str) -> dict:
 DATA_DIR = Path(env.str("WORLDCELL_DATA_DIR", default=str(BASE_DIR / "data")))
 
 SECRET_KEY = env.str("DJANGO_SECRET_KEY", default="worldcell-insecure-dev-key-change-me")
+# Earlier values of DJANGO_SECRET_KEY, comma-separated: sessions and stored tenant secrets made
+# under them stay valid while the key is rotated (worldcell/credentials.py).
+SECRET_KEY_FALLBACKS = [k for k in env.list("DJANGO_SECRET_KEY_FALLBACKS", default=[]) if k]
 DEBUG = env.bool("DJANGO_DEBUG", default=False)
 ALLOWED_HOSTS = env.list("DJANGO_ALLOWED_HOSTS", default=["127.0.0.1", "localhost", "[::1]", "testserver"])
 
 # --- The world (docs/protocol.md §2.4, §7.2) -----------------------------------
 # WORLD_SECRET unset or empty => every /v1/rpc route answers 503 WorldNotConfigured.
 WORLD_SECRET = env.str("WORLD_SECRET", default="")
+# The world-celld client release the default tenant's app speaks (docs/tenants.md); other tenants
+# carry their own. Releases not served yet are refused here, at startup.
+WORLDCELL_CLIENT_PROTOCOL = env.str("WORLDCELL_CLIENT_PROTOCOL", default="0.1").strip()
+if WORLDCELL_CLIENT_PROTOCOL not in ("0.1",):
+    raise ImproperlyConfigured(
+        f"WORLDCELL_CLIENT_PROTOCOL={WORLDCELL_CLIENT_PROTOCOL!r} is not a client protocol this fleet serves "
+        "(it serves: 0.1)")
 WORKFLOW_CALLBACK_SECRET = env.str("WORKFLOW_CALLBACK_SECRET", default="")
 # The QUEUE_* values keep their raw text: docs/protocol.md §7.2 parses them with
 # JavaScript parseInt semantics at use time (queueing.config).

@@ -1,7 +1,7 @@
 """Configuration checks at process start: one clear line and a non-zero exit (docs/operations.md "Processes").
 
 ``check(role)`` loads the settings and connects to the database; for the API
-(``role="api"``) it also requires ``WORLD_SECRET``. It returns None or the
+(``role="api"``) it also requires ``WORLD_SECRET`` or a live stored tenant secret. It returns None or the
 error text. ``exit_if_misconfigured(role)`` prints that text as ONE line on
 stderr (``worldcell api: configuration error: …``) and exits with status 2
 (``EXIT_CONFIG``), so systemd's ``Restart=always`` and its journal show why
@@ -70,25 +70,43 @@ def check_settings() -> str | None:
 def check(role: str) -> str | None:
     """Load the settings and open the database; the first problem found as one line, or None.
 
-    ``role``: ``"api"``, ``"worker"`` or ``"beat"`` (only the API needs ``WORLD_SECRET``).
+    ``role``: ``"api"``, ``"worker"`` or ``"beat"`` (only the API needs a credential: ``WORLD_SECRET`` or a stored tenant secret).
     """
     problem = check_settings()
     if problem is not None:
         return problem
     from django.conf import settings
 
-    if role == "api" and not settings.WORLD_SECRET:
-        return ("WORLD_SECRET is not set: every RPC call would answer 503 WorldNotConfigured "
-                "(set it to the Node app's CELLD_WORLD_SECRET)")
     from django.db import connections
 
     try:
         conn = connections["default"]
         conn.ensure_connection()
+        stored = role == "api" and not settings.WORLD_SECRET and _has_stored_secret(conn)
         conn.close()
     except Exception as exc:  # noqa: BLE001 - any failure to connect is reported the same way
         return describe_database_error(exc)
+    if role == "api" and not settings.WORLD_SECRET and not stored:
+        return ("WORLD_SECRET is not set and no tenant has a live secret: every RPC call would answer 503 "
+                "WorldNotConfigured (set it to the Node app's CELLD_WORLD_SECRET, or manage.py tenant secret add)")
     return None
+
+
+def _has_stored_secret(conn) -> bool:
+    """Whether a live tenant secret is stored (plain SQL: the apps need not be loaded yet; docs/tenants.md)."""
+    from datetime import datetime, timezone
+
+    from django.db import DatabaseError
+
+    try:
+        with conn.cursor() as cursor:
+            cursor.execute(
+                "SELECT 1 FROM worldcell_tenantsecret s JOIN worldcell_tenant t ON t.id = s.tenant_id "
+                "WHERE s.revoked_at IS NULL AND NOT t.disabled AND (s.expires_at IS NULL OR s.expires_at > %s) "
+                "LIMIT 1", [datetime.now(timezone.utc)])
+            return cursor.fetchone() is not None
+    except DatabaseError:  # not migrated yet: no stored secrets
+        return False
 
 
 def exit_if_misconfigured(role: str) -> None:

@@ -10,6 +10,7 @@ import pytest
 from django.conf import settings
 
 from tests.e2e.fleet_processes import PY, ROOT, base_env, free_port
+from tests.services import test_database_url
 
 pytestmark = [pytest.mark.postgres_only, pytest.mark.slow]  # slow: starts fleet processes
 
@@ -54,10 +55,10 @@ def test_a_missing_database_is_one_line_and_exit_2(process, tmp_path):
     assert "hunter2" not in lines[0]
 
 
+@pytest.mark.django_db  # the test database, migrated: the check looks for stored tenant secrets there
 @pytest.mark.parametrize("process", ["api", "api-gunicorn"])
 def test_the_api_refuses_to_start_without_world_secret(process, tmp_path):
-    db = settings.DATABASES["default"]
-    env = base_env(f"postgres://{db['USER']}@{db['HOST']}:{db['PORT']}/{db['NAME']}", "", tmp_path)
+    env = base_env(test_database_url(), "", tmp_path)
     cmd = [f"127.0.0.1:{free_port()}" if arg == "127.0.0.1:0" else arg for arg in COMMANDS[process]]
     rc, lines = _run(cmd, env, tmp_path)
     assert rc == 2 and len(lines) == 1 and "WORLD_SECRET is not set" in lines[0]
