@@ -52,12 +52,24 @@ def pin_process(cpu: int) -> int:
 
     Returns the number of threads pinned. Threads started afterwards inherit the
     mask of the thread that starts them, so pin before starting servers and pools.
-    Raises OSError when the kernel refuses (e.g. a core outside the cgroup's cpuset).
+    Raises OSError when the kernel refuses (e.g. a core outside the cgroup's cpuset); the
+    threads pinned before the refusal get their old mask back first, so the process is either
+    pinned whole or not at all.
     """
     tids = [int(t) for t in os.listdir("/proc/self/task")] if os.path.isdir("/proc/self/task") else [0]
+    old = os.sched_getaffinity(0)
+    pinned: list[int] = []
     for tid in tids:
         try:
             os.sched_setaffinity(tid, {cpu})
         except ProcessLookupError:  # that thread has just ended
-            pass
+            continue
+        except OSError:
+            for done in pinned:
+                try:
+                    os.sched_setaffinity(done, old)
+                except ProcessLookupError:
+                    pass
+            raise
+        pinned.append(tid)
     return len(tids)

@@ -79,3 +79,31 @@ def test_devfleet_refuses_a_core_it_may_not_use(tmp_path):
     assert proc.returncode == 1, proc.stdout + proc.stderr
     assert f"may run on cores {sorted(ALLOWED)} only" in proc.stderr
     assert not (tmp_path / "fleet.sqlite3").exists() or (tmp_path / "fleet.sqlite3").stat().st_size == 0
+
+
+@needs_two_cores
+def test_a_refused_pin_partway_puts_the_threads_already_pinned_back():
+    """The kernel refusing the second thread: the first one gets its old mask back, and the error is raised."""
+    code = f"""
+import os, threading
+from worldcell import affinity
+stop = threading.Event()
+t = threading.Thread(target=stop.wait); t.start()
+before = os.sched_getaffinity(0)
+real, calls = os.sched_setaffinity, []
+def refuse_second(tid, mask):
+    calls.append(tid)
+    if len(calls) == 2:
+        raise PermissionError("refused")
+    return real(tid, mask)
+os.sched_setaffinity = refuse_second
+try:
+    affinity.pin_process({min(ALLOWED)})
+except PermissionError:
+    print("raised")
+os.sched_setaffinity = real
+print(sorted(os.sched_getaffinity(calls[0])) == sorted(before), len(calls) >= 2)
+stop.set(); t.join()
+"""
+    out = subprocess.run([PY, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=60, check=True).stdout
+    assert out.split() == ["raised", "True", "True"], out
