@@ -33,7 +33,9 @@ class Tenant(models.Model):
         name: a display name.
         protocol: the world-celld client release the tenant's app speaks (``0.1``); empty for
             the default tenant = ``WORLDCELL_CLIENT_PROTOCOL``.
-        disabled: every credential of a disabled tenant is refused (401).
+        disabled: every stored secret of a disabled tenant is refused (401) within a second.
+            ``WORLD_SECRET`` is configuration, not a stored secret: a disabled default tenant
+            still accepts it (unset it to stop it).
     """
 
     slug = models.SlugField(max_length=63, unique=True)
@@ -63,9 +65,10 @@ class TenantSecret(models.Model):
     are accepted meanwhile. ``expires_at`` (optional) and ``revoked_at`` end it.
     """
 
-    tenant = models.ForeignKey(Tenant, on_delete=models.CASCADE, related_name="secrets")
+    tenant = models.ForeignKey(Tenant, on_delete=models.PROTECT, related_name="secrets")
     label = models.CharField(max_length=100)
     digest = models.CharField(max_length=64, unique=True, help_text="HMAC-SHA256 of the secret (hex)")
+    key_id = models.CharField(max_length=8, help_text="which hashing key (worldcell.credentials.key_id)")
     hint = models.CharField(max_length=12, help_text="the secret's first characters, to tell secrets apart")
     created_at = models.DateTimeField(auto_now_add=True)
     last_used_at = models.DateTimeField(null=True, blank=True)

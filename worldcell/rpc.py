@@ -165,10 +165,14 @@ def _answer(request: HttpRequest) -> HttpResponse:
     if len(parts) < 2 or parts[1] != "rpc":
         return error_response(404, "NotFound", f"unknown path: {path}")
     # 4-5: fail closed, then bearer auth
-    if not credentials.configured():
-        return error_response(503, "WorldNotConfigured", "WORLD_SECRET is not configured")
-    if credentials.authenticate(request.META.get("HTTP_AUTHORIZATION")) is None:
-        return error_response(401, "Unauthorized", "invalid or missing bearer token")
+    try:
+        if not credentials.configured():
+            return error_response(503, "WorldNotConfigured", "WORLD_SECRET is not configured")
+        if credentials.authenticate(request.META.get("HTTP_AUTHORIZATION")) is None:
+            return error_response(401, "Unauthorized", "invalid or missing bearer token")
+    except credentials.CredentialsUnavailable:
+        return error_response(503, "CredentialsUnavailable",
+                              "the fleet cannot read its stored tenant secrets right now; retry")
     # 6-8: shape, binding, method
     if request.method != "POST" or len(parts) != 5:
         return error_response(404, "NotFound", "expected POST /v1/rpc/{binding}/{name}/{method}")

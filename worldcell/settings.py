@@ -78,7 +78,7 @@ DATA_DIR = Path(env.str("WORLDCELL_DATA_DIR", default=str(BASE_DIR / "data")))
 SECRET_KEY = env.str("DJANGO_SECRET_KEY", default="worldcell-insecure-dev-key-change-me")
 # Earlier values of DJANGO_SECRET_KEY, comma-separated: sessions and stored tenant secrets made
 # under them stay valid while the key is rotated (worldcell/credentials.py).
-SECRET_KEY_FALLBACKS = [k for k in env.list("DJANGO_SECRET_KEY_FALLBACKS", default=[]) if k]
+SECRET_KEY_FALLBACKS = [k.strip() for k in env.list("DJANGO_SECRET_KEY_FALLBACKS", default=[]) if k.strip()]
 DEBUG = env.bool("DJANGO_DEBUG", default=False)
 ALLOWED_HOSTS = env.list("DJANGO_ALLOWED_HOSTS", default=["127.0.0.1", "localhost", "[::1]", "testserver"])
 

@@ -93,20 +93,31 @@ def check(role: str) -> str | None:
 
 
 def _has_stored_secret(conn) -> bool:
-    """Whether a live tenant secret is stored (plain SQL: the apps need not be loaded yet; docs/tenants.md)."""
+    """Whether a live tenant secret hashed under a key this process knows is stored (docs/tenants.md).
+
+    Plain DB-API SQL: the apps need not be loaded yet, and Django's "database access during app
+    initialization" warning would break the one-line rule.
+    """
     from datetime import datetime, timezone
 
-    from django.db import DatabaseError
+    from . import credentials
 
+    ids = credentials.known_key_ids()
+    marks = ", ".join(["%s"] * len(ids)) if conn.vendor == "postgresql" else ", ".join(["?"] * len(ids))
+    mark = "%s" if conn.vendor == "postgresql" else "?"
+    now = datetime.now(timezone.utc)
+    cursor = conn.connection.cursor()
     try:
-        with conn.cursor() as cursor:
-            cursor.execute(
-                "SELECT 1 FROM worldcell_tenantsecret s JOIN worldcell_tenant t ON t.id = s.tenant_id "
-                "WHERE s.revoked_at IS NULL AND NOT t.disabled AND (s.expires_at IS NULL OR s.expires_at > %s) "
-                "LIMIT 1", [datetime.now(timezone.utc)])
-            return cursor.fetchone() is not None
-    except DatabaseError:  # not migrated yet: no stored secrets
+        cursor.execute(
+            "SELECT 1 FROM worldcell_tenantsecret s JOIN worldcell_tenant t ON t.id = s.tenant_id "
+            f"WHERE s.revoked_at IS NULL AND NOT t.disabled AND s.key_id IN ({marks}) "
+            f"AND (s.expires_at IS NULL OR s.expires_at > {mark}) LIMIT 1",
+            [*ids, now if conn.vendor == "postgresql" else now.strftime("%Y-%m-%d %H:%M:%S.%f")])
+        return cursor.fetchone() is not None
+    except Exception:  # noqa: BLE001 - not migrated yet (no such table): no stored secrets
         return False
+    finally:
+        cursor.close()
 
 
 def exit_if_misconfigured(role: str) -> None:

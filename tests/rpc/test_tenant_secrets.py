@@ -16,7 +16,7 @@ from django.core.management import call_command
 
 from tests.conftest import SECRET
 from tests.e2e.fleet_processes import PY, ROOT, api_server, base_env
-from tests.services import fresh_database
+from tests.services import fresh_database, wait_until
 from worldcell import codec, credentials
 from worldcell.models import Tenant, TenantSecret
 
@@ -24,8 +24,11 @@ pytestmark = pytest.mark.django_db
 
 
 @pytest.fixture(autouse=True)
-def fresh_snapshot():
-    """Each test starts and ends with this process's secret snapshot dropped (it lives across tests)."""
+def fresh_snapshot(monkeypatch):
+    """Each test starts and ends with this process's secret snapshot dropped (it lives across tests).
+    ``last_used_at`` is written only in the test about it: a write thread outliving its test would
+    land in the next one (SQLite reuses row ids)."""
+    monkeypatch.setattr(credentials, "TOUCH_S", float("inf"))
     credentials.forget()
     yield
     credentials.forget()
@@ -66,9 +69,67 @@ def test_revoked_expired_and_disabled_are_refused(rpc, capsys):
     Tenant.objects.filter(slug=Tenant.DEFAULT).update(disabled=True)
     credentials.forget()
     assert _status(rpc, c) == 401
-    assert _status(rpc, SECRET) == 200  # WORLD_SECRET is configuration, not a stored secret
+    assert _status(rpc, SECRET) == 200  # WORLD_SECRET is configuration: unset it to stop it
+    Tenant.objects.filter(slug=Tenant.DEFAULT).update(disabled=False)
+    credentials.forget()
+    assert _status(rpc, c) == 200
     with pytest.raises(Exception, match="no live secret"):
         call_command("tenant", "secret", "revoke", str(TenantSecret.objects.get(label="a").id))
+
+
+def test_a_token_no_stored_secret_can_have_never_reaches_the_database(rpc, capsys, django_assert_num_queries):
+    _added(capsys, "--label", "one")
+    assert _status(rpc, "wcs_" + "A" * 43) == 401  # the snapshot is loaded now
+    credentials.forget()
+    with django_assert_num_queries(0):
+        assert _status(rpc, "not-a-stored-secret") == 401
+        assert _status(rpc, "x" * 100_000) == 401
+
+
+def test_unreadable_stored_secrets_answer_a_retryable_503_and_world_secret_goes_on(rpc, capsys, monkeypatch):
+    from django.db import OperationalError
+
+    secret = _added(capsys, "--label", "one")
+    assert _status(rpc, secret) == 200
+
+    class Down:
+        def __enter__(self):
+            raise OperationalError("connection refused")
+
+        def __exit__(self, *exc):
+            return False
+
+    monkeypatch.setattr(credentials, "_bounded_query", Down)
+    monkeypatch.setattr(credentials, "WAIT_S", 0.05)
+    credentials.forget()
+    rpc.secret = secret
+    resp = rpc.call_raw("index", "index", "get", "k")
+    assert resp.status_code == 503 and resp.json()["error"]["name"] == "CredentialsUnavailable", resp.content
+    assert _status(rpc, SECRET) == 200  # WORLD_SECRET needs no stored secret
+    monkeypatch.undo()
+    credentials.forget()
+    assert _status(rpc, secret) == 200
+
+
+def test_a_secret_hashed_under_an_unknown_key_is_listed_as_refused(rpc, settings, capsys):
+    secret = _added(capsys, "--label", "careless")
+    settings.SECRET_KEY = "another-key-" + "y" * 40
+    credentials.forget()
+    assert _status(rpc, secret) == 401
+    call_command("tenant", "secret", "list")
+    assert "refused: hashed under an unknown DJANGO_SECRET_KEY" in capsys.readouterr().out
+
+
+def test_bad_labels_and_expiries_are_one_line_errors(capsys):
+    from django.core.management.base import CommandError
+
+    for args, message in ((["--label", "  "], "1 to 100"), (["--label", "L" * 101], "1 to 100"),
+                          (["--label", "x", "--expires", "99999999999d"], "too far"),
+                          (["--label", "x", "--expires", "0"], "positive"),
+                          (["--label", "x", "--tenant", "nope"], "no tenant")):
+        with pytest.raises(CommandError, match=message):
+            call_command("tenant", "secret", "add", *args)
+    assert not TenantSecret.objects.exists()
 
 
 def test_an_expiry_takes_effect_at_its_time_without_a_reload(rpc, capsys):
@@ -96,18 +157,23 @@ def test_a_secret_hashed_under_a_rotated_out_django_key_still_works(rpc, setting
     assert _status(rpc, secret) == 401
 
 
-def test_last_use_is_recorded_without_a_write_per_call(rpc, capsys, monkeypatch):
-    monkeypatch.setattr(credentials, "REFRESH_S", 0.0)  # reload at every call: the touch runs at the next one
+@pytest.mark.django_db(transaction=True)  # the write comes from a thread of its own: it sees committed rows
+def test_last_use_is_recorded_by_one_write_off_the_request_path(rpc, capsys, monkeypatch):
+    monkeypatch.setattr(credentials, "REFRESH_S", 0.0)  # reload at every call: the write is due at the next one
+    monkeypatch.setattr(credentials, "TOUCH_S", 60.0)
     secret = _added(capsys, "--label", "used")
     assert TenantSecret.objects.get().last_used_at is None
     before = datetime.now(timezone.utc)
     assert _status(rpc, secret) == 200
     assert _status(rpc, secret) == 200
+    wait_until(lambda: TenantSecret.objects.get().last_used_at is not None, 5, "last_used_at")
     first = TenantSecret.objects.get().last_used_at
-    assert first is not None and first >= before - timedelta(seconds=1)
+    assert first >= before - timedelta(seconds=1)
     for _ in range(5):
         assert _status(rpc, secret) == 200
+    time.sleep(0.3)  # a second write would have landed by now
     assert TenantSecret.objects.get().last_used_at == first  # at most once per TOUCH_S
+    wait_until(lambda: not credentials._snapshot.touching, 5, "the write thread to end")
 
 
 @pytest.mark.slow

@@ -23,6 +23,9 @@ from worldcell.durations import parse_duration_ms
 from worldcell.models import Tenant, TenantSecret
 
 
+LABEL_MAX = 100  # TenantSecret.label
+
+
 def _when(value: datetime | None) -> str:
     return value.astimezone(timezone.utc).strftime("%Y-%m-%d %H:%M:%SZ") if value else "-"
 
@@ -66,15 +69,23 @@ class Command(BaseCommand):
     def _list_tenants(self) -> None:
         self.stdout.write(f"{'tenant':<20} {'protocol':<9} {'state':<9} live secrets")
         now = datetime.now(timezone.utc)
-        Tenant.default()
+        keys = credentials.known_key_ids()
         for t in Tenant.objects.order_by("slug"):
-            live = t.secrets.filter(revoked_at__isnull=True).exclude(expires_at__lte=now).count()
-            extra = " + WORLD_SECRET" if t.slug == Tenant.DEFAULT and _world_secret_set() else ""
+            live = (t.secrets.filter(revoked_at__isnull=True, key_id__in=keys).exclude(expires_at__lte=now).count()
+                    if not t.disabled else 0)
+            extra = " + WORLD_SECRET" if t.slug == Tenant.DEFAULT and _world_secret_set() else ""  # disabled or not
             protocol = t.protocol or f"{credentials.default_protocol()}*"
             self.stdout.write(f"{t.slug:<20} {protocol:<9} {'disabled' if t.disabled else 'enabled':<9} {live}{extra}")
         self.stdout.write("* from WORLDCELL_CLIENT_PROTOCOL")
 
     def _add(self, slug: str, label: str, expires: str | None) -> None:
+        label = label.strip()
+        if not 1 <= len(label) <= LABEL_MAX:
+            raise CommandError(f"--label must be 1 to {LABEL_MAX} characters")
+        try:
+            label.encode("utf-8")
+        except UnicodeEncodeError:
+            raise CommandError("--label is not valid text (undecodable bytes)") from None
         tenant = self._tenant(slug)
         expires_at = None
         if expires:
@@ -84,7 +95,10 @@ class Command(BaseCommand):
                 raise CommandError(str(exc)) from None
             if ms is None or ms == 0:
                 raise CommandError("--expires must be a positive duration, e.g. 90d")
-            expires_at = datetime.now(timezone.utc) + timedelta(milliseconds=ms)
+            try:
+                expires_at = datetime.now(timezone.utc) + timedelta(milliseconds=ms)
+            except (OverflowError, ValueError):
+                raise CommandError("--expires is too far in the future") from None
         secret, row = credentials.add_secret(tenant.slug, label, expires_at)
         self.stdout.write(f"secret {row.id} for tenant {tenant.slug} ({label!r}), expires {_when(expires_at)}:")
         self.stdout.write(f"  {secret}")
@@ -96,9 +110,13 @@ class Command(BaseCommand):
         self.stdout.write(f"{'id':>5}  {'label':<24} {'begins':<10} {'created':<21} {'last used':<21} "
                           f"{'expires':<21} state")
         now = datetime.now(timezone.utc)
+        keys = credentials.known_key_ids()
         for s in TenantSecret.objects.filter(tenant=tenant).order_by("id"):
             state = ("revoked " + _when(s.revoked_at) if s.revoked_at else
-                     "expired" if s.expires_at and s.expires_at <= now else "live")
+                     "expired" if s.expires_at and s.expires_at <= now else
+                     "refused: hashed under an unknown DJANGO_SECRET_KEY" if s.key_id not in keys else
+                     "live (hashed under a DJANGO_SECRET_KEY_FALLBACKS key)" if s.key_id != keys[0] else
+                     "tenant disabled" if tenant.disabled else "live")
             self.stdout.write(f"{s.id:>5}  {s.label[:24]:<24} {s.hint + '…':<10} {_when(s.created_at):<21} "
                               f"{_when(s.last_used_at):<21} {_when(s.expires_at):<21} {state}")
         if tenant.slug == Tenant.DEFAULT and _world_secret_set():
