@@ -194,7 +194,7 @@ class Service:
         return self.proc is not None and self.proc.poll() is None
 
 
-def _pg_ready(root: Path, port: int) -> Callable[[], bool]:
+def _pg_ready(port: int) -> Callable[[], bool]:
     def ready() -> bool:
         return subprocess.run([_pg_bin("pg_isready"), "-q", "-h", "127.0.0.1", "-p", str(port)],
                               capture_output=True).returncode == 0
@@ -217,7 +217,7 @@ def private_postgres(port: int | None = None):
     cmd = _as_postgres([str(PG_BIN / "postgres"), "-D", str(data), "-p", str(port), "-k", str(root),
                         "-c", "listen_addresses=127.0.0.1", "-c", "fsync=off", "-c", "max_connections=60",
                         "-c", "wal_level=replica"])
-    svc = Service(cmd, port, root.parent / f"wc-pg-{port}.log", ready=_pg_ready(root, port),
+    svc = Service(cmd, port, root.parent / f"wc-pg-{port}.log", ready=_pg_ready(port),
                   pidfile=data / "postmaster.pid", url=f"postgres://postgres@127.0.0.1:{port}/postgres")
     try:
         svc.start()

@@ -26,6 +26,7 @@ nothing about how much of a guessed secret is right.
 """
 from __future__ import annotations
 
+import contextlib
 import functools
 import hashlib
 import hmac
@@ -164,39 +165,35 @@ class _Snapshot:
                     self._reload()
                 finally:
                     self.reloading.release()
+                    with self.changed:  # wake the waiters, whatever the reload's outcome
+                        self.changed.notify_all()
         if self.age() < TRUST_S:
             return self.by_digest
         deadline = time.monotonic() + WAIT_S
-        with self.changed:  # another request is reloading: wait for it, briefly
-            while self.age() >= TRUST_S and time.monotonic() < deadline:
+        with self.changed:  # another request is reloading: wait for it, briefly (no one is: fail now)
+            while self.age() >= TRUST_S and self.reloading.locked() and time.monotonic() < deadline:
                 self.changed.wait(deadline - time.monotonic())
         if self.age() < TRUST_S:
             return self.by_digest
         raise CredentialsUnavailable("the stored tenant secrets cannot be read")
 
     def _reload(self) -> None:
-        from .models import TenantSecret
-
         started = time.monotonic()
-        now = datetime.now(timezone.utc)
         try:
             with _bounded_query():
-                rows = list(TenantSecret.objects.filter(revoked_at__isnull=True, tenant__disabled=False,
-                                                        key_id__in=known_key_ids())
-                            .exclude(expires_at__lte=now)
+                rows = list(live_secrets(datetime.now(timezone.utc))
                             .values_list("id", "digest", "expires_at", "tenant__slug", "tenant__protocol"))
         except DatabaseError as exc:
             self.failed_at = time.monotonic()
             if self.failed_at - self.warned_at >= WARN_EVERY_S:
                 self.warned_at = self.failed_at
-                text = (str(exc).splitlines() or [type(exc).__name__])[0][:200]
-                log.warning("tenant secrets could not be loaded (stored secrets answer 503 meanwhile): %s", text)
+                log.warning("tenant secrets could not be loaded (stored secrets answer 503 meanwhile): %s",
+                            _first_line(exc))
             return
         fresh = {dig: _Live(sid, slug, protocol or default_protocol(), exp.timestamp() if exp else None)
                  for sid, dig, exp, slug, protocol in rows}
         with self.changed:
             self.by_digest, self.loaded_at = fresh, started
-            self.changed.notify_all()
         self._maybe_touch()
 
     def note_use(self, secret_id: int) -> None:
@@ -220,7 +217,7 @@ class _Snapshot:
             with _bounded_query():
                 TenantSecret.objects.filter(id__in=list(batch)).update(last_used_at=at)
         except Exception as exc:  # noqa: BLE001 - best effort: a lost last-use time changes nothing else
-            log.info("last use of tenant secrets not recorded: %s", (str(exc).splitlines() or [""])[0][:200])
+            log.info("last use of tenant secrets not recorded: %s", _first_line(exc))
         finally:
             try:
                 connection.close()
@@ -238,24 +235,31 @@ class _Snapshot:
             self.used, self.touched_at = {}, float("-inf")
 
 
-class _bounded_query:
-    """A transaction whose statements may run at most QUERY_TIMEOUT_MS on PostgreSQL (SQLite's reads
-    never wait for a writer in WAL mode, so they run in autocommit there)."""
+@contextlib.contextmanager
+def _bounded_query():
+    """Statements that may run at most QUERY_TIMEOUT_MS on PostgreSQL (SQLite's reads never wait for a
+    writer in WAL mode, so they run in autocommit there). Inside a caller's transaction (a test's)
+    ``SET LOCAL`` would outlive these statements: no limit there."""
+    if connection.vendor != "postgresql" or connection.in_atomic_block:
+        yield
+        return
+    with transaction.atomic():
+        with connection.cursor() as cursor:
+            cursor.execute(f"SET LOCAL statement_timeout = {int(QUERY_TIMEOUT_MS)}")
+        yield
 
-    def __enter__(self):
-        self.atomic = None
-        # inside a caller's transaction (a test's) SET LOCAL would outlive this query: no limit there
-        if connection.vendor == "postgresql" and not connection.in_atomic_block:
-            self.atomic = transaction.atomic()
-            self.atomic.__enter__()
-            with connection.cursor() as cursor:
-                cursor.execute(f"SET LOCAL statement_timeout = {int(QUERY_TIMEOUT_MS)}")
-        return self
 
-    def __exit__(self, *exc):
-        if self.atomic is not None:
-            return self.atomic.__exit__(*exc)
-        return False
+def live_secrets(now: datetime):
+    """The stored secrets that are accepted at ``now``: not revoked, not expired, tenant enabled,
+    hashed under a key this process knows (the one rule, for the snapshot and ``manage.py tenant``)."""
+    from .models import TenantSecret
+
+    return (TenantSecret.objects.filter(revoked_at__isnull=True, tenant__disabled=False, key_id__in=known_key_ids())
+            .exclude(expires_at__lte=now))
+
+
+def _first_line(exc: BaseException) -> str:
+    return (str(exc).splitlines() or [type(exc).__name__])[0][:200]
 
 
 _snapshot = _Snapshot()

@@ -68,11 +68,8 @@ class Command(BaseCommand):
 
     def _list_tenants(self) -> None:
         self.stdout.write(f"{'tenant':<20} {'protocol':<9} {'state':<9} live secrets")
-        now = datetime.now(timezone.utc)
-        keys = credentials.known_key_ids()
         for t in Tenant.objects.order_by("slug"):
-            live = (t.secrets.filter(revoked_at__isnull=True, key_id__in=keys).exclude(expires_at__lte=now).count()
-                    if not t.disabled else 0)
+            live = credentials.live_secrets(datetime.now(timezone.utc)).filter(tenant=t).count()
             extra = " + WORLD_SECRET" if t.slug == Tenant.DEFAULT and _world_secret_set() else ""  # disabled or not
             protocol = t.protocol or f"{credentials.default_protocol()}*"
             self.stdout.write(f"{t.slug:<20} {protocol:<9} {'disabled' if t.disabled else 'enabled':<9} {live}{extra}")
