@@ -28,7 +28,7 @@ def fresh_snapshot(monkeypatch):
     """Each test starts and ends with this process's secret snapshot dropped (it lives across tests).
     ``last_used_at`` is written only in the test about it: a write thread outliving its test would
     land in the next one (SQLite reuses row ids)."""
-    monkeypatch.setattr(credentials, "TOUCH_S", float("inf"))
+    monkeypatch.setattr(credentials._snapshot, "_maybe_touch", lambda: None)
     credentials.forget()
     yield
     credentials.forget()
@@ -160,7 +160,7 @@ def test_a_secret_hashed_under_a_rotated_out_django_key_still_works(rpc, setting
 @pytest.mark.django_db(transaction=True)  # the write comes from a thread of its own: it sees committed rows
 def test_last_use_is_recorded_by_one_write_off_the_request_path(rpc, capsys, monkeypatch):
     monkeypatch.setattr(credentials, "REFRESH_S", 0.0)  # reload at every call: the write is due at the next one
-    monkeypatch.setattr(credentials, "TOUCH_S", 60.0)
+    monkeypatch.delattr(credentials._snapshot, "_maybe_touch")  # this test is the one that writes
     secret = _added(capsys, "--label", "used")
     assert TenantSecret.objects.get().last_used_at is None
     before = datetime.now(timezone.utc)
