@@ -21,6 +21,7 @@ from __future__ import annotations
 import json
 from typing import Any
 
+from worldcell.tenancy import DEFAULT_TENANT
 from django.db import transaction
 
 from worldcell import clock, codec
@@ -133,8 +134,9 @@ class IndexCell:
     surrogate, longer than ``CELL_NAME_MAX_BYTES``).
     """
 
-    def __init__(self, name: str):
+    def __init__(self, name: str, tenant: str = DEFAULT_TENANT):
         self.name = require_storable(name, "cell name", max_bytes=CELL_NAME_MAX_BYTES)
+        self.tenant = tenant
 
     # ------------------------------------------------------------ plain KV (§6.2)
 

@@ -24,6 +24,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from worldcell.tenancy import DEFAULT_TENANT
 from django.db import transaction
 
 from worldcell import clock
@@ -48,8 +49,9 @@ FETCH_CAP = 2**31 - 2
 class RunCell:
     """The ``runs`` binding's cell for the run ``name`` (the decoded URL segment)."""
 
-    def __init__(self, name: str):
+    def __init__(self, name: str, tenant: str = DEFAULT_TENANT):
         self.name = name
+        self.tenant = tenant
 
     # ------------------------------------------------------------------ write
 

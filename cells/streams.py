@@ -17,6 +17,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from worldcell.tenancy import DEFAULT_TENANT
 from worldcell import clock, codec
 from worldcell.errors import CellError, ValidationError
 from worldcell.keys import require_storable
@@ -51,8 +52,9 @@ class StreamCell:
     surrogate, longer than ``NAME_MAX_BYTES``).
     """
 
-    def __init__(self, name: str):
+    def __init__(self, name: str, tenant: str = DEFAULT_TENANT):
         self.name = require_storable(name, "cell name", max_bytes=NAME_MAX_BYTES)
+        self.tenant = tenant
 
     # ------------------------------------------------------------ chunk role
 

@@ -31,6 +31,7 @@ from __future__ import annotations
 import math
 from typing import Any
 
+from worldcell.tenancy import DEFAULT_TENANT
 from worldcell import metrics
 from worldcell.errors import ValidationError
 from worldcell.keys import require_storable as _storable
@@ -131,8 +132,9 @@ class QueueCell:
             at most ``CELL_NAME_MAX_BYTES`` UTF-8 bytes).
     """
 
-    def __init__(self, name: str):
+    def __init__(self, name: str, tenant: str = DEFAULT_TENANT):
         self.name = _storable(name, "cell name", CELL_NAME_MAX_BYTES)
+        self.tenant = tenant
 
     def enqueue(self, request: Any = None) -> dict[str, Any]:
         """``enqueue([request])`` -> ``{"ok":true,"messageId","deduped"}`` or CONFIG_MISMATCH (§4.4, §7.3).

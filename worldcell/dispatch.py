@@ -4,7 +4,7 @@ Each Django app registers its bindings in ``AppConfig.ready()``::
 
     register_binding("runs", RunCell, {"applyEvent": "apply_event", ...})
 
-``factory(name)`` builds the cell service for a decoded cell name; the mapping
+``factory(name, tenant=…)`` builds the cell service for a decoded cell name of one tenant; the mapping
 lists the wire method names that may be dispatched and the Python attribute
 each one calls. Anything not registered is a 404 ``unknown method`` (or
 ``unknown binding``) — ``constructor``, ``alarm``, ``fetch`` and private names
@@ -15,6 +15,8 @@ from __future__ import annotations
 import inspect
 from dataclasses import dataclass, field
 from typing import Any, Callable, Mapping
+
+from .tenancy import DEFAULT_TENANT
 
 #: The four bindings of docs/protocol.md §1.2 and the whitelist of §2.5. A binding
 #: outside this table is a 404 ``unknown binding`` even before registration.
@@ -61,7 +63,7 @@ def register_binding(name: str, factory: Callable[[str], Any], methods: Mapping[
 
     Args:
         name: one of ``KNOWN_BINDINGS``.
-        factory: ``factory(cell_name: str) -> service``.
+        factory: ``factory(cell_name: str, tenant: str) -> service``.
         methods: wire method name -> attribute name on the service; every key
             must be in that binding's whitelist.
 
@@ -98,12 +100,15 @@ def lookup(binding: str, method: str) -> Binding | None:
     return b
 
 
-def invoke(binding: Binding, cell_name: str, method: str, args: list[Any]) -> Any:
-    """Call ``method`` on cell ``cell_name`` with the positional ``args``.
+def invoke(binding: Binding, cell_name: str, method: str, args: list[Any], tenant: str = DEFAULT_TENANT) -> Any:
+    """Call ``method`` on cell ``cell_name`` of ``tenant`` with the positional ``args``.
 
-    Missing trailing arguments take the method's defaults (absent); extra
-    arguments are ignored (docs/protocol.md §2.6). Returns the method's result.
+    The tenant is the caller's (``worldcell.credentials.Identity.tenant``):
+    the cell service is built for that tenant's cell and sees no other
+    (``worldcell.tenancy``). Missing trailing arguments take the method's
+    defaults (absent); extra arguments are ignored (docs/protocol.md §2.6).
+    Returns the method's result.
     """
-    service = binding.factory(cell_name)
+    service = binding.factory(cell_name, tenant=tenant)
     fn = getattr(service, binding.methods[method])
     return fn(*args[: binding.arity[method]])

@@ -168,7 +168,8 @@ def _answer(request: HttpRequest) -> HttpResponse:
     try:
         if not credentials.configured():
             return error_response(503, "WorldNotConfigured", "WORLD_SECRET is not configured")
-        if credentials.authenticate(request.META.get("HTTP_AUTHORIZATION")) is None:
+        identity = credentials.authenticate(request.META.get("HTTP_AUTHORIZATION"))
+        if identity is None:
             return error_response(401, "Unauthorized", "invalid or missing bearer token")
     except credentials.CredentialsUnavailable:
         return error_response(503, "CredentialsUnavailable",
@@ -205,7 +206,7 @@ def _answer(request: HttpRequest) -> HttpResponse:
         return error_response(400, "BadRequest", "malformed percent-encoding in cell name")
     # 15: invoke
     try:
-        result = dispatch.invoke(binding, name, method, args)
+        result = dispatch.invoke(binding, name, method, args, tenant=identity.tenant)
     except CellError as exc:
         if exc.http_status >= 500:
             log.warning("%s.%s on %r raised %s: %s", binding_name, method, name, exc.name, exc.message)

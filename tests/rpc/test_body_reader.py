@@ -45,7 +45,7 @@ def calls(monkeypatch, settings):
     seen = []
 
     class Probe:
-        def __init__(self, name):
+        def __init__(self, name, tenant="default"):
             self.name = name
 
         def stats(self):

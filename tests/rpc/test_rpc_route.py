@@ -77,7 +77,7 @@ def test_it_routes_on_the_raw_path_with_encoded_slashes(rpc, monkeypatch):
     seen = []
 
     class Probe:
-        def __init__(self, name):
+        def __init__(self, name, tenant="default"):
             seen.append(name)
 
         def get_info(self):
@@ -93,7 +93,7 @@ def test_it_reports_raised_errors_as_500_with_their_name(rpc, monkeypatch):
     from worldcell.errors import CellError, ValidationError
 
     class Boom:
-        def __init__(self, name):
+        def __init__(self, name, tenant="default"):
             self.name = name
 
         def get(self, key=None):
