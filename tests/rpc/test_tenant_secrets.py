@@ -226,3 +226,25 @@ def _id_of(listing: str, label: str) -> str:
         if len(words) > 1 and words[0].isdigit() and words[1] == label:
             return words[0]
     raise AssertionError(f"no secret {label!r} in:\n{listing}")
+
+
+def test_the_callers_tenant_is_what_the_cell_service_is_built_for(rpc, monkeypatch):
+    """The credential decides the tenant once, at the entry, and the RPC route hands it to the cell
+    service (``dispatch.invoke`` -> ``factory(name, tenant=…)``; worldcell/tenancy.py)."""
+    from worldcell import dispatch
+
+    built = []
+
+    class Probe:
+        def __init__(self, name, tenant="default"):
+            built.append((name, tenant))
+
+        def get(self, key=None):
+            return key
+
+    monkeypatch.setitem(dispatch._REGISTRY, "index", dispatch.Binding("index", Probe, {"get": "get"}, {"get": 1}))
+    other = Tenant.objects.create(slug="shop-staging", name="shop (staging)")
+    secret, _ = credentials.add_secret(other.slug, "staging app")
+    assert _status(rpc, secret) == 200
+    assert _status(rpc, SECRET) == 200
+    assert built == [("index", "shop-staging"), ("index", "default")]
