@@ -18,7 +18,7 @@ from .. import config, lease, wake
 from ..models import QueueCell
 from . import db, sql
 from .lock import _lock_cell, _set_alarm, _wake_after_commit, next_alarm
-from .values import Claim, DeliveryRow, Dispatch, clamp_ms
+from .values import Claim, DeliveryRow, Dispatch
 
 log = logging.getLogger("queueing.machine")
 
