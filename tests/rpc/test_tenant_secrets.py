@@ -66,13 +66,18 @@ def test_revoked_expired_and_disabled_are_refused(rpc, capsys):
     TenantSecret.objects.filter(label="b").update(expires_at=datetime.now(timezone.utc) - timedelta(seconds=1))
     credentials.forget()
     assert [_status(rpc, s) for s in (a, b, c)] == [401, 401, 200]
-    Tenant.objects.filter(slug=Tenant.DEFAULT).update(disabled=True)
+    call_command("tenant", "disable", Tenant.DEFAULT)
+    assert "WORLD_SECRET is configuration" in capsys.readouterr().out
     credentials.forget()
     assert _status(rpc, c) == 401
     assert _status(rpc, SECRET) == 200  # WORLD_SECRET is configuration: unset it to stop it
-    Tenant.objects.filter(slug=Tenant.DEFAULT).update(disabled=False)
+    call_command("tenant", "list")
+    assert "disabled" in capsys.readouterr().out
+    call_command("tenant", "enable", Tenant.DEFAULT)
     credentials.forget()
     assert _status(rpc, c) == 200
+    with pytest.raises(Exception, match="no tenant 'nope'"):
+        call_command("tenant", "disable", "nope")
     with pytest.raises(Exception, match="no live secret"):
         call_command("tenant", "secret", "revoke", str(TenantSecret.objects.get(label="a").id))
 

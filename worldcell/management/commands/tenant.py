@@ -1,6 +1,7 @@
 """``manage.py tenant``: the fleet's tenants and their bearer secrets (docs/tenants.md).
 
     manage.py tenant list
+    manage.py tenant disable SLUG | enable SLUG
     manage.py tenant secret add --label LABEL [--tenant SLUG] [--expires 90d]
     manage.py tenant secret list [--tenant SLUG]
     manage.py tenant secret revoke ID
@@ -31,11 +32,14 @@ def _when(value: datetime | None) -> str:
 
 
 class Command(BaseCommand):
-    help = "List tenants; add, list and revoke their bearer secrets (docs/tenants.md)."
+    help = "List, disable and enable tenants; add, list and revoke their bearer secrets (docs/tenants.md)."
 
     def add_arguments(self, parser):
         sub = parser.add_subparsers(dest="what", required=True, parser_class=type(parser))
         sub.add_parser("list", help="the tenants, their protocol and live secrets", called_from_command_line=True)
+        for verb, text in (("disable", "refuse every stored secret of the tenant (within 1 s)"),
+                           ("enable", "accept the tenant's live secrets again")):
+            sub.add_parser(verb, help=text, called_from_command_line=True).add_argument("slug", help="tenant slug")
         secret = sub.add_parser("secret", help="a tenant's bearer secrets", called_from_command_line=True)
         action = secret.add_subparsers(dest="action", required=True, parser_class=type(parser))
         add = action.add_parser("add", help="create a secret and print it (once)", called_from_command_line=True)
@@ -52,6 +56,8 @@ class Command(BaseCommand):
     def handle(self, *args, what: str, action: str | None = None, **opts):
         if what == "list":
             return self._list_tenants()
+        if what in ("disable", "enable"):
+            return self._set_disabled(opts["slug"], what == "disable")
         if action == "add":
             return self._add(opts["tenant"], opts["label"], opts["expires"])
         if action == "list":
@@ -74,6 +80,18 @@ class Command(BaseCommand):
             protocol = t.protocol or f"{credentials.default_protocol()}*"
             self.stdout.write(f"{t.slug:<20} {protocol:<9} {'disabled' if t.disabled else 'enabled':<9} {live}{extra}")
         self.stdout.write("* from WORLDCELL_CLIENT_PROTOCOL")
+
+    def _set_disabled(self, slug: str, disabled: bool) -> None:
+        tenant = self._tenant(slug)
+        Tenant.objects.filter(pk=tenant.pk).update(disabled=disabled)
+        if disabled:
+            self.stdout.write(f"tenant {tenant.slug} disabled: every API process refuses its stored secrets within "
+                              "a second; its data is kept")
+            if tenant.slug == Tenant.DEFAULT and _world_secret_set():
+                self.stdout.write("WORLD_SECRET is configuration, not a stored secret: it is still accepted "
+                                  "(unset it and restart the API to stop it)")
+        else:
+            self.stdout.write(f"tenant {tenant.slug} enabled: its live secrets are accepted again within a second")
 
     def _add(self, slug: str, label: str, expires: str | None) -> None:
         label = label.strip()
