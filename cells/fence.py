@@ -112,20 +112,21 @@ def run_of_index_key(key: str) -> str | None:
 #: Fixed text, so ``worldcell.sql.query`` runs it as a prepared statement (PostgreSQL plans it
 #: once per connection); ``RETURNING`` tells a write from a refusal without a rowcount.
 _PUT_UNLESS_EXPIRED = (
-    f'INSERT INTO "{_IDX}" ("cell", "key", "value") SELECT CAST(%s AS text), CAST(%s AS text), CAST(%s AS text) '
+    f'INSERT INTO "{_IDX}" ("tenant", "cell", "key", "value") '
+    'SELECT CAST(%s AS text), CAST(%s AS text), CAST(%s AS text), CAST(%s AS text) '
     f'WHERE NOT EXISTS (SELECT 1 FROM "{_CELL}" WHERE "name" = %s AND "expired") '
-    'ON CONFLICT ("cell", "key") DO UPDATE SET "value" = excluded."value" RETURNING 1'
+    'ON CONFLICT ("tenant", "cell", "key") DO UPDATE SET "value" = excluded."value" RETURNING 1'
 )
 
 
-def put_index_unless_expired(cell: str, key: str, text: str, run_id: str) -> None:
+def put_index_unless_expired(cell: str, key: str, text: str, run_id: str, *, tenant: str) -> None:
     """``index.put`` of a run-scoped key: one upsert that does nothing for an expired run.
 
     Raises ``RunExpired`` (410) when the run is expired, so a late index write
     (the client re-puts listing keys after each applyEvent) can never bring an
     expired run back into a listing.
     """
-    if not wsql.query(wsql.database(), _PUT_UNLESS_EXPIRED, [cell, key, text, run_id]):
+    if not wsql.query(wsql.database(), _PUT_UNLESS_EXPIRED, [tenant, cell, key, text, run_id]):
         raise RunExpired(run_id, expired_at_of(run_id) or clock.now())
 
 

@@ -148,7 +148,7 @@ class IndexCell:
 
         Raises ValidationError (400) for a non-string key.
         """
-        text = IndexEntry.objects.value_of(self.name, self._key(key))
+        text = IndexEntry.objects.value_of(self.name, self._key(key), tenant=self.tenant)
         return None if text is None else codec.decode(text)
 
     def put(self, key: Any = _ABSENT, value: Any = _ABSENT) -> None:
@@ -166,13 +166,13 @@ class IndexCell:
         if token is None:
             run_id = fence.run_of_index_key(key)
             if run_id is not None:  # never list an expired run again (docs/lifecycle.md)
-                fence.put_index_unless_expired(self.name, key, items[0][1], run_id)
+                fence.put_index_unless_expired(self.name, key, items[0][1], run_id, tenant=self.tenant)
                 return
-            IndexEntry.objects.put_values(self.name, items)
+            IndexEntry.objects.put_values(self.name, items, tenant=self.tenant)
             return
         with transaction.atomic():
-            lock_hook_token(self.name, token)
-            IndexEntry.objects.put_values(self.name, items)
+            lock_hook_token(self.name, token, tenant=self.tenant)
+            IndexEntry.objects.put_values(self.name, items, tenant=self.tenant)
 
     def delete(self, key: Any = _ABSENT) -> None:
         """``delete(key)`` -> None. Removes ``key`` if present (no error when missing).
@@ -182,11 +182,11 @@ class IndexCell:
         key = self._key(key)
         token = _token_of(key)
         if token is None:
-            IndexEntry.objects.delete_keys(self.name, [key])
+            IndexEntry.objects.delete_keys(self.name, [key], tenant=self.tenant)
             return
         with transaction.atomic():
-            lock_hook_token(self.name, token)
-            IndexEntry.objects.delete_keys(self.name, [key])
+            lock_hook_token(self.name, token, tenant=self.tenant)
+            IndexEntry.objects.delete_keys(self.name, [key], tenant=self.tenant)
 
     def list_keys(self, options: Any = None) -> dict[str, Any]:
         """``list(options?)`` -> a P3 page (docs/protocol.md §4.0).
@@ -224,6 +224,7 @@ class IndexCell:
         limit = min(limit, _FETCH_CAP)
         names = IndexEntry.objects.page_of_keys(
             self.name,
+            tenant=self.tenant,
             lower=prefix,
             upper=prefix_upper_bound(prefix),
             cursor=cursor,
@@ -262,8 +263,8 @@ class IndexCell:
         hook_key, claim_key = f"hook:{token}", f"hookclaim:{token}"
         now = clock.now_ms()
         with transaction.atomic():
-            lock_hook_token(self.name, token)
-            found = IndexEntry.objects.values_of(self.name, [hook_key, claim_key])
+            lock_hook_token(self.name, token, tenant=self.tenant)
+            found = IndexEntry.objects.values_of(self.name, [hook_key, claim_key], tenant=self.tenant)
             if hook_key in found:
                 return {"claimed": False, "holder": _published_owner(hook_key, found[hook_key])}
             if claim_key in found:
@@ -271,7 +272,7 @@ class IndexCell:
                 if not _same_owner(holder, owner):
                     return {"claimed": False, "holder": holder}
             claim = codec.encode({"owner": owner, "reservedAt": now})
-            IndexEntry.objects.put_values(self.name, [(claim_key, claim)])
+            IndexEntry.objects.put_values(self.name, [(claim_key, claim)], tenant=self.tenant)
         return {"claimed": True}
 
     def finalize_hook_indexes(
@@ -297,15 +298,15 @@ class IndexCell:
         text = codec.encode(serialized_hook)
         fence.raise_if_expired(owner["runId"])  # no hook index for an expired run (docs/lifecycle.md)
         with transaction.atomic():
-            lock_hook_token(self.name, token)
-            found = IndexEntry.objects.values_of(self.name, [hook_key, claim_key])
+            lock_hook_token(self.name, token, tenant=self.tenant)
+            found = IndexEntry.objects.values_of(self.name, [hook_key, claim_key], tenant=self.tenant)
             if hook_key in found and not _same_owner(_published_owner(hook_key, found[hook_key]), owner):
                 raise CellError(f"Hook token {token} is owned by another hook")
             if claim_key in found and not _same_owner(_claim_owner(claim_key, found[claim_key]), owner):
                 raise CellError(f"Hook token {token} is reserved by another hook")
-            IndexEntry.objects.put_values(self.name, [(hook_key, text), (f"hookid:{hook_id}", text)])
+            IndexEntry.objects.put_values(self.name, [(hook_key, text), (f"hookid:{hook_id}", text)], tenant=self.tenant)
             if claim_key in found:
-                IndexEntry.objects.delete_keys(self.name, [claim_key])
+                IndexEntry.objects.delete_keys(self.name, [claim_key], tenant=self.tenant)
 
     def release_hook_token(self, token: Any = _ABSENT, owner: Any = _ABSENT) -> None:
         """``releaseHookToken(token, owner)`` -> None.
@@ -318,10 +319,10 @@ class IndexCell:
         owner = _owner_arg(owner)
         claim_key = f"hookclaim:{token}"
         with transaction.atomic():
-            lock_hook_token(self.name, token)
-            found = IndexEntry.objects.values_of(self.name, [claim_key])
+            lock_hook_token(self.name, token, tenant=self.tenant)
+            found = IndexEntry.objects.values_of(self.name, [claim_key], tenant=self.tenant)
             if claim_key in found and _same_owner(_claim_owner(claim_key, found[claim_key]), owner):
-                IndexEntry.objects.delete_keys(self.name, [claim_key])
+                IndexEntry.objects.delete_keys(self.name, [claim_key], tenant=self.tenant)
 
     def delete_hook_indexes(self, token: Any = _ABSENT, hook_id: Any = _ABSENT, owner: Any = _ABSENT) -> None:
         """``deleteHookIndexes(token, hookId, owner)`` -> None.
@@ -336,9 +337,9 @@ class IndexCell:
         owner = _owner_arg(owner)
         hook_key, id_key, claim_key = f"hook:{token}", f"hookid:{hook_id}", f"hookclaim:{token}"
         with transaction.atomic():
-            lock_hook_token(self.name, token)
+            lock_hook_token(self.name, token, tenant=self.tenant)
             # FOR UPDATE: hookid:<id> is not covered by the token lock.
-            found = IndexEntry.objects.values_of(self.name, [hook_key, id_key, claim_key], for_update=True)
+            found = IndexEntry.objects.values_of(self.name, [hook_key, id_key, claim_key], tenant=self.tenant, for_update=True)
             doomed = []
             if hook_key in found and _same_owner(_published_owner(hook_key, found[hook_key]), owner):
                 doomed.append(hook_key)
@@ -346,7 +347,7 @@ class IndexCell:
                 doomed.append(id_key)
             if claim_key in found and _same_owner(_claim_owner(claim_key, found[claim_key]), owner):
                 doomed.append(claim_key)
-            IndexEntry.objects.delete_keys(self.name, doomed)
+            IndexEntry.objects.delete_keys(self.name, doomed, tenant=self.tenant)
 
 
 def _token_of(key: str) -> str | None:

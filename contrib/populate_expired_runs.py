@@ -54,13 +54,13 @@ WITH cells AS (
   ) e
   RETURNING run_id
 ), listing AS (
-  INSERT INTO cells_indexentry (cell, key, value)
-  SELECT 'index', k.prefix || c.name, '"{}"' FROM cells c
+  INSERT INTO cells_indexentry (tenant, cell, key, value)
+  SELECT 'default', 'index', k.prefix || c.name, '"{}"' FROM cells c
   CROSS JOIN (VALUES ('run:wf_pop:' || %(ms13)s || ':'), ('runall:' || %(ms13)s || ':')) k(prefix)
   RETURNING 1
 ), corr AS (
-  INSERT INTO cells_indexentry (cell, key, value)
-  SELECT 'index', 'correlation:step_' || s || ':' || %(ms13)s || ':wevt_z' || lpad((2 + (s - 1) * 3 + k)::text, 20, '0')
+  INSERT INTO cells_indexentry (tenant, cell, key, value)
+  SELECT 'default', 'index', 'correlation:step_' || s || ':' || %(ms13)s || ':wevt_z' || lpad((2 + (s - 1) * 3 + k)::text, 20, '0')
          || ':' || c.name, '"{}"'
   FROM cells c CROSS JOIN generate_series(1, %(steps)s::int) s CROSS JOIN generate_series(1, 3) k
   RETURNING 1

@@ -24,6 +24,7 @@ from django.db import connection
 
 from worldcell import codec
 from worldcell import sql as wsql
+from worldcell.tenancy import DEFAULT_TENANT
 
 from ..models import IndexEntry, RunCellState, RunTombstone
 
@@ -31,6 +32,9 @@ __all__ = ["INDEX_CELL", "correlation_key", "listing_keys"]
 
 #: The index cell the reference client writes its listing/correlation/hook keys to.
 INDEX_CELL = "index"
+# The lifecycle engine works on the default tenant's runs: run cells and tombstones are not
+# keyed by tenant yet (docs/tenants.md "What is in place"); the index keys it deletes are
+# that tenant's.
 
 
 def _rows(statement: str, params: Iterable[Any]) -> list[tuple]:
@@ -75,14 +79,16 @@ def delete_index_keys(keys: list[str]) -> int:
     """Delete those of ``keys`` that exist in the index cell; how many went."""
     if not keys:
         return 0
-    return _rowcount(f'DELETE FROM "{_IDX}" WHERE "cell" = %s AND "key" IN ({_marks(keys)})', [INDEX_CELL, *keys])
+    return _rowcount(f'DELETE FROM "{_IDX}" WHERE "tenant" = %s AND "cell" = %s AND "key" IN ({_marks(keys)})',
+                     [DEFAULT_TENANT, INDEX_CELL, *keys])
 
 
 def delete_index_keys_by_run(keys: list[str]) -> dict[str, int]:
     """Delete run-scoped ``keys`` (their run is the last ``:`` segment); ``{run id: keys deleted}``."""
     if not keys:
         return {}
-    found = _rows(f'SELECT "key" FROM "{_IDX}" WHERE "cell" = %s AND "key" IN ({_marks(keys)})', [INDEX_CELL, *keys])
+    found = _rows(f'SELECT "key" FROM "{_IDX}" WHERE "tenant" = %s AND "cell" = %s AND "key" IN ({_marks(keys)})',
+                  [DEFAULT_TENANT, INDEX_CELL, *keys])
     delete_index_keys([k for (k,) in found])
     out: dict[str, int] = {}
     for (key,) in found:

@@ -68,7 +68,7 @@ def test_it_lets_32_tokens_proceed_while_another_token_is_locked(rpc):
     @in_thread
     def hold_token_zero():
         with transaction.atomic():
-            lock_hook_token("index", "tok-00")
+            lock_hook_token("index", "tok-00", tenant="default")
             held.set()
             assert release.wait(30)
 
@@ -100,7 +100,7 @@ def test_it_serializes_plain_writes_of_a_token_key_with_the_token_lock(rpc):
     @in_thread
     def hold():
         with transaction.atomic():
-            lock_hook_token("index", "tok")
+            lock_hook_token("index", "tok", tenant="default")
             held.set()
             assert release.wait(30)
 

@@ -236,9 +236,12 @@ def test_it_lists_by_an_index_range_scan_without_sorting(rpc, reverse):
 
     with connection.cursor() as cur:
         cur.execute(
-            "INSERT INTO cells_indexentry (cell, key, value) "
-            "SELECT 'index', 'run:wf:' || lpad(g::text, 6, '0'), '\"x\"' FROM generate_series(1, 20000) g "
-            "UNION ALL SELECT 'index', 'runall:' || lpad(g::text, 6, '0'), '\"x\"' FROM generate_series(1, 20000) g"
+            "INSERT INTO cells_indexentry (tenant, cell, key, value) "
+            "SELECT 'default', 'index', 'run:wf:' || lpad(g::text, 6, '0'), '\"x\"' FROM generate_series(1, 20000) g "
+            "UNION ALL SELECT 'default', 'index', 'runall:' || lpad(g::text, 6, '0'), '\"x\"' "
+            "FROM generate_series(1, 20000) g "
+            # the same keys in another tenant: the scan must not read them
+            "UNION ALL SELECT 'other', 'index', 'run:wf:' || lpad(g::text, 6, '0'), '\"y\"' FROM generate_series(1, 20000) g"
         )
         cur.execute("ANALYZE cells_indexentry")
     with CaptureQueriesContext(connection) as ctx:
@@ -253,5 +256,5 @@ def test_it_lists_by_an_index_range_scan_without_sorting(rpc, reverse):
     nodes = [plan, *plan.get("Plans", [])]
     assert {n["Node Type"] for n in nodes} <= {"Limit", "Index Scan", "Index Only Scan"}, nodes
     scan = nodes[-1]
-    assert scan["Index Name"] == "cells_indexentry_cell_key_uniq"
+    assert scan["Index Name"] == "cells_indexentry_tenant_key_uniq"
     assert scan["Actual Rows"] == 6  # limit + 1 peek
