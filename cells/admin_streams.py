@@ -28,6 +28,7 @@ from django.utils.html import format_html
 
 from worldcell import codec, display
 from worldcell.admin_site import format_datetime, status_badge
+from worldcell.tenancy import DEFAULT_TENANT  # the console shows the default tenant's runs (docs/tenants.md)
 
 from .models import Stream, StreamChunk, StreamRegistration
 
@@ -52,9 +53,9 @@ CHUNK_PREVIEW_BYTES = 96
 
 def registered_stream(run_id: str, name: str) -> Stream | None:
     """The ``Stream`` row of ``name`` if run ``run_id`` registered it (Http404 otherwise; None = nothing written)."""
-    if not StreamRegistration.objects.filter(cell=f"run-streams:{run_id}", name=name).exists():
+    if not StreamRegistration.objects.filter(tenant=DEFAULT_TENANT, cell=f"run-streams:{run_id}", name=name).exists():
         raise Http404("no such stream for this run")
-    return Stream.objects.filter(name=f"stream:{name}").first()
+    return Stream.objects.filter(tenant=DEFAULT_TENANT, name=f"stream:{name}").first()
 
 
 def chunk_bytes(data: bytes | None, value: str | None) -> bytes:
@@ -161,13 +162,13 @@ def stream_rows(run_id: str, run_pk: int) -> list[dict[str, Any]]:
     stream_base = reverse("admin:cells_run_stream", args=[run_pk])
     download_base = reverse("admin:cells_run_stream_download", args=[run_pk])
     names = list(
-        StreamRegistration.objects.filter(cell=f"run-streams:{run_id}")
+        StreamRegistration.objects.filter(tenant=DEFAULT_TENANT, cell=f"run-streams:{run_id}")
         .order_by("name")
         .values_list("name", flat=True)[:STREAMS_SHOWN]
     )
     if not names:
         return []
-    streams = {s.name: s for s in Stream.objects.filter(name__in=[f"stream:{n}" for n in names])}
+    streams = {s.name: s for s in Stream.objects.filter(tenant=DEFAULT_TENANT, name__in=[f"stream:{n}" for n in names])}
     wanted = Q()
     for s in streams.values():
         if s.count > 0:

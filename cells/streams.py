@@ -73,14 +73,14 @@ class StreamCell:
             raw, text = bytes(data), None
         else:
             raw, text = None, codec.encode(data)
-        index = Stream.objects.append_chunk(self.name, raw, text, clock.now())
+        index = Stream.objects.append_chunk(self.name, raw, text, clock.now(), tenant=self.tenant)
         if index is None:
             raise CellError("Cannot write to a closed stream")
         return index
 
     def close_stream(self) -> None:
         """``closeStream()`` -> None. Marks the stream closed; idempotent, valid on an empty stream."""
-        Stream.objects.close(self.name, clock.now())
+        Stream.objects.close(self.name, clock.now(), tenant=self.tenant)
 
     def get_chunks(self, params: Any = _ABSENT) -> dict[str, Any]:
         """``getChunks({startIndex, limit})`` -> ``{"chunks": [...], "done": bool, "tailIndex": int}``.
@@ -100,7 +100,7 @@ class StreamCell:
         limit = params.get("limit")
         if limit is not None and _int_arg(limit, "params.limit") < 0:
             raise ValidationError("params.limit: expected a non-negative integer")
-        meta = Stream.objects.meta(self.name)
+        meta = Stream.objects.meta(self.name, tenant=self.tenant)
         if meta is None:
             return {"chunks": [], **_EMPTY_INFO}
         stream_id, count, closed = meta
@@ -113,7 +113,7 @@ class StreamCell:
 
     def get_info(self) -> dict[str, Any]:
         """``getInfo()`` -> ``{"tailIndex": count − 1, "done": closed}``; ``{-1, false}`` for an unknown stream."""
-        meta = Stream.objects.meta(self.name)
+        meta = Stream.objects.meta(self.name, tenant=self.tenant)
         if meta is None:
             return dict(_EMPTY_INFO)
         _, count, closed = meta
@@ -129,8 +129,8 @@ class StreamCell:
         name = require_storable(name, "name", max_bytes=NAME_MAX_BYTES)
         if self.name.startswith("run-streams:"):  # no registry for an expired run (docs/lifecycle.md)
             fence.raise_if_expired(self.name[len("run-streams:"):])
-        StreamRegistration.objects.register(self.name, name, clock.now())
+        StreamRegistration.objects.register(self.name, name, clock.now(), tenant=self.tenant)
 
     def list_streams(self) -> list[str]:
         """``listStreams()`` -> every registered name, ascending bytewise; ``[]`` when none."""
-        return StreamRegistration.objects.names(self.name)
+        return StreamRegistration.objects.names(self.name, tenant=self.tenant)

@@ -131,6 +131,21 @@ def rpc(world_secret, client) -> RpcClient:
 
 
 @pytest.fixture
+def two_tenants(rpc, client, monkeypatch):
+    """``(default, other)``: RPC clients of the default tenant (``WORLD_SECRET``) and of a second
+    tenant ``other`` (a stored secret), for the isolation tests (docs/tenants.md)."""
+    from worldcell import credentials
+    from worldcell.models import Tenant
+
+    monkeypatch.setattr(credentials._snapshot, "_maybe_touch", lambda: None)
+    credentials.forget()
+    Tenant.objects.create(slug="other", name="another app")
+    secret, _ = credentials.add_secret("other", "other app")
+    yield rpc, RpcClient(client, secret)
+    credentials.forget()
+
+
+@pytest.fixture
 def broker_url() -> str:
     """The broker of a Celery test: this test process's own redis-server (``tests.services.session_redis``),
     emptied first, so parallel sessions and xdist workers never share one."""

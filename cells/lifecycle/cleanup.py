@@ -25,6 +25,7 @@ from django.db.models import F
 
 from worldcell import clock, codec
 from worldcell import sql as wsql
+from worldcell.tenancy import DEFAULT_TENANT
 
 from ..models import (
     Event,
@@ -130,16 +131,19 @@ class _Group:
         return {run_id: following for run_id in self.cells.values()}
 
 
-def _paged_rows(table: str, select: str, run_column: str, keys: list[Any]) -> list[tuple]:
+def _paged_rows(table: str, select: str, run_column: str, keys: list[Any], tenant: str | None = None) -> list[tuple]:
     """Up to ``PAGE`` rows of ``table`` whose ``run_column`` is one of ``keys``: ``(id, …select)``.
+
+    ``tenant``: for a table keyed by tenant (``worldcell.tenancy``), that tenant's rows only.
 
     No ORDER BY: any page will do (each is deleted before the next is read),
     and an order on ``id`` would tempt the planner into walking the primary
     key past every other run's rows instead of using the run's index.
     """
+    scope, params = ('"tenant" = %s AND ', [tenant]) if tenant is not None else ("", [])
     return _rows(
-        f'SELECT "id", {select} FROM "{table}" WHERE "{run_column}" IN ({_marks(keys)}) LIMIT %s',
-        [*keys, PAGE],
+        f'SELECT "id", {select} FROM "{table}" WHERE {scope}"{run_column}" IN ({_marks(keys)}) LIMIT %s',
+        [*params, *keys, PAGE],
     )
 
 
@@ -207,14 +211,15 @@ def _phase_streams(group: _Group, budget: _Budget, now: datetime) -> bool:
     """Each registered stream: its chunks in pages, then the stream is closed (kept as a fence); then the registry."""
     registries = {f"run-streams:{run_id}": run_id for run_id in group.cells.values()}
     while budget.take():
-        regs = _paged_rows(_REG, '"cell", "name"', "cell", sorted(registries))
+        regs = _paged_rows(_REG, '"cell", "name"', "cell", sorted(registries), tenant=DEFAULT_TENANT)
         if not regs:
             with transaction.atomic():
                 _add_tallies({}, group.next_phase("streams"))
             return True
         for reg_id, registry, name in regs:
             run_id = registries[registry]
-            stream = _rows(f'SELECT "id" FROM "{_STREAM}" WHERE "name" = %s', [f"stream:{name}"])
+            stream = _rows(f'SELECT "id" FROM "{_STREAM}" WHERE "tenant" = %s AND "name" = %s',
+                           [DEFAULT_TENANT, f"stream:{name}"])
             if stream:
                 stream_id = stream[0][0]
                 while True:

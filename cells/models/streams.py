@@ -28,6 +28,7 @@ from django.db import connection, models, transaction
 
 from worldcell import sql
 from worldcell.fields import BytewiseTextField
+from worldcell.tenancy import tenant_key
 
 __all__ = ["Stream", "StreamChunk", "StreamManager", "StreamRegistration", "StreamRegistrationManager"]
 
@@ -35,8 +36,8 @@ __all__ = ["Stream", "StreamChunk", "StreamManager", "StreamRegistration", "Stre
 class StreamManager(models.Manager):
     """SQL of the chunk role; every method is one short statement or transaction."""
 
-    def append_chunk(self, name: str, data: bytes | None, value: str | None, now: datetime) -> int | None:
-        """Append one chunk to stream ``name`` (created if missing) and return its index.
+    def append_chunk(self, name: str, data: bytes | None, value: str | None, now: datetime, *, tenant: str) -> int | None:
+        """Append one chunk to ``tenant``'s stream ``name`` (created if missing) and return its index.
 
         Locks the stream row, allocates ``index = count`` and bumps ``count``
         in one upsert, then inserts the chunk — all in one transaction, so
@@ -46,27 +47,27 @@ class StreamManager(models.Manager):
         """
         if connection.vendor == "postgresql":
             with sql.binary_cursor(sql.database()) as cur:
-                cur.execute(_APPEND_PG, [name, False, now, now, data, value])
+                cur.execute(_APPEND_PG, [tenant, name, False, now, now, data, value])
                 row = cur.fetchone()
             return None if row is None else row[0]
         stamp = connection.ops.adapt_datetimefield_value(now)
         db = sql.database()
         with transaction.atomic():
-            allocated = sql.rows(db, _UPSERT_FOR_APPEND, [name, False, stamp, stamp])
+            allocated = sql.rows(db, _UPSERT_FOR_APPEND, [tenant, name, False, stamp, stamp])
             if not allocated:
                 return None
             stream_id, index = allocated[0]
             sql.rowcount(db, _INSERT_CHUNK, [stream_id, index, data, value])
             return index
 
-    def close(self, name: str, now: datetime) -> None:
-        """Mark stream ``name`` closed, creating it (empty) if missing; idempotent (§8.2)."""
+    def close(self, name: str, now: datetime, *, tenant: str) -> None:
+        """Mark ``tenant``'s stream ``name`` closed, creating it (empty) if missing; idempotent (§8.2)."""
         stamp = connection.ops.adapt_datetimefield_value(now)
-        sql.rowcount(sql.database(), _CLOSE, [name, True, stamp, stamp, True])
+        sql.rowcount(sql.database(), _CLOSE, [tenant, name, True, stamp, stamp, True])
 
-    def meta(self, name: str) -> tuple[int, int, bool] | None:
-        """``(id, count, closed)`` of stream ``name``, or None when it was never written."""
-        found = sql.rows(sql.database(), _META, [name])
+    def meta(self, name: str, *, tenant: str) -> tuple[int, int, bool] | None:
+        """``(id, count, closed)`` of ``tenant``'s stream ``name``, or None when it was never written."""
+        found = sql.rows(sql.database(), _META, [tenant, name])
         return (found[0][0], found[0][1], bool(found[0][2])) if found else None
 
     @staticmethod
@@ -103,25 +104,27 @@ class StreamManager(models.Manager):
 class StreamRegistrationManager(models.Manager):
     """SQL of the registry role (§8.2 ``registerStream`` / ``listStreams``)."""
 
-    def register(self, cell: str, name: str, now: datetime) -> None:
-        """Record ``name`` in registry cell ``cell``; idempotent (one INSERT … ON CONFLICT DO NOTHING)."""
-        sql.rowcount(sql.database(), _REGISTER, [cell, name, connection.ops.adapt_datetimefield_value(now)])
+    def register(self, cell: str, name: str, now: datetime, *, tenant: str) -> None:
+        """Record ``name`` in ``tenant``'s registry cell ``cell``; idempotent (one INSERT … ON CONFLICT DO NOTHING)."""
+        sql.rowcount(sql.database(), _REGISTER, [tenant, cell, name, connection.ops.adapt_datetimefield_value(now)])
 
-    def names(self, cell: str) -> list[str]:
-        """Every name registered in ``cell``, ascending bytewise (index scan on ``(cell, name)``)."""
-        return [row[0] for row in sql.rows(sql.database(), _NAMES, [cell])]
+    def names(self, cell: str, *, tenant: str) -> list[str]:
+        """Every name registered in ``tenant``'s ``cell``, ascending bytewise (index scan on ``(tenant, cell, name)``)."""
+        return [row[0] for row in sql.rows(sql.database(), _NAMES, [tenant, cell])]
 
 
 class Stream(models.Model):
     """One stream cell in its chunk role (``stream:<name>``), the lock target of its writes.
 
     Fields:
-        name: the cell name, e.g. ``stream:strm_01J…``; unique, bytewise collation.
+        tenant: the owning tenant's slug (``worldcell.tenancy``); first column of the unique key.
+        name: the cell name, e.g. ``stream:strm_01J…``; unique per tenant, bytewise collation.
         count: chunks written so far, i.e. the next chunk index (``tailIndex`` = count − 1).
         closed: true once ``closeStream`` ran; further writes fail (§8.2).
         created_at / updated_at: first and latest write or close (UTC).
     """
 
+    tenant = tenant_key()
     name = BytewiseTextField()
     count = models.BigIntegerField(default=0, help_text="chunks written = next chunk index")
     closed = models.BooleanField(default=False)
@@ -135,7 +138,7 @@ class Stream(models.Model):
         verbose_name = "stream"
         # A constraint rather than unique=True: no redundant text_pattern_ops
         # index on PostgreSQL (the C collation already serves prefix scans).
-        constraints = [models.UniqueConstraint(fields=["name"], name="cells_stream_name_uniq")]
+        constraints = [models.UniqueConstraint(fields=["tenant", "name"], name="cells_stream_tenant_name_uniq")]
 
     def __str__(self) -> str:
         return self.name
@@ -171,12 +174,14 @@ class StreamRegistration(models.Model):
     """A stream name registered in a registry cell (``run-streams:<runId>``, §8.1).
 
     Fields:
+        tenant: the owning tenant's slug (``worldcell.tenancy``); first column of the unique key.
         cell: the registry cell name; bytewise collation.
         name: the registered stream name (without the ``stream:`` prefix);
             unique per cell, listed in bytewise order.
         created_at: when it was first registered (UTC).
     """
 
+    tenant = tenant_key()
     cell = BytewiseTextField()
     name = BytewiseTextField()
     created_at = models.DateTimeField()
@@ -187,7 +192,7 @@ class StreamRegistration(models.Model):
         db_table = "cells_streamregistration"
         verbose_name = "stream registration"
         constraints = [
-            models.UniqueConstraint(fields=["cell", "name"], name="cells_streamregistration_cell_name_uniq"),
+            models.UniqueConstraint(fields=["tenant", "cell", "name"], name="cells_streamregistration_tenant_uniq"),
         ]
 
     def __str__(self) -> str:
@@ -201,9 +206,9 @@ class StreamRegistration(models.Model):
 
 _STREAM, _CHUNK, _REGISTRATION = sql.table(Stream), sql.table(StreamChunk), sql.table(StreamRegistration)
 _UPSERT_FOR_APPEND = (
-    f'INSERT INTO "{_STREAM}" AS s (name, "count", closed, created_at, updated_at) '
-    "VALUES (%s, 1, %s, %s, %s) "
-    'ON CONFLICT (name) DO UPDATE SET "count" = s."count" + 1, updated_at = excluded.updated_at '
+    f'INSERT INTO "{_STREAM}" AS s (tenant, name, "count", closed, created_at, updated_at) '
+    "VALUES (%s, %s, 1, %s, %s, %s) "
+    'ON CONFLICT (tenant, name) DO UPDATE SET "count" = s."count" + 1, updated_at = excluded.updated_at '
     "WHERE NOT s.closed "
     'RETURNING id, "count" - 1'
 )
@@ -216,16 +221,17 @@ _APPEND_PG = (
 )
 _INSERT_CHUNK = f'INSERT INTO "{_CHUNK}" (stream_id, "index", data, value) VALUES (%s, %s, %s, %s)'
 _CLOSE = (
-    f'INSERT INTO "{_STREAM}" AS s (name, "count", closed, created_at, updated_at) '
-    "VALUES (%s, 0, %s, %s, %s) "
-    "ON CONFLICT (name) DO UPDATE SET closed = %s, updated_at = excluded.updated_at"
+    f'INSERT INTO "{_STREAM}" AS s (tenant, name, "count", closed, created_at, updated_at) '
+    "VALUES (%s, %s, 0, %s, %s, %s) "
+    "ON CONFLICT (tenant, name) DO UPDATE SET closed = %s, updated_at = excluded.updated_at"
 )
-_META = f'SELECT id, "count", closed FROM "{_STREAM}" WHERE name = %s'
+_META = f'SELECT id, "count", closed FROM "{_STREAM}" WHERE tenant = %s AND name = %s'
 _CHUNK_PAGE = (
     f'SELECT data, value FROM "{_CHUNK}" '
     'WHERE stream_id = %s AND "index" >= %s AND "index" < %s ORDER BY "index"'
 )
 _REGISTER = (
-    f'INSERT INTO "{_REGISTRATION}" (cell, name, created_at) VALUES (%s, %s, %s) ON CONFLICT (cell, name) DO NOTHING'
+    f'INSERT INTO "{_REGISTRATION}" (tenant, cell, name, created_at) VALUES (%s, %s, %s, %s) '
+    "ON CONFLICT (tenant, cell, name) DO NOTHING"
 )
-_NAMES = f'SELECT name FROM "{_REGISTRATION}" WHERE cell = %s ORDER BY name'
+_NAMES = f'SELECT name FROM "{_REGISTRATION}" WHERE tenant = %s AND cell = %s ORDER BY name'

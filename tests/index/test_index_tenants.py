@@ -1,8 +1,8 @@
 """The index cell is keyed by tenant (docs/tenants.md): the same keys, prefixes and hook tokens in
 two tenants are two different cells, through the RPC route with each tenant's own secret.
 
-Run cells, streams and queue shards are not keyed by tenant yet (docs/tenants.md "What is in
-place"); this file covers the index cell and its hook-token ownership.
+Run cells and queue shards are not keyed by tenant yet (docs/tenants.md "What is in place");
+this file covers the index cell and its hook-token ownership.
 """
 from __future__ import annotations
 
@@ -10,25 +10,10 @@ import json
 
 import pytest
 
-from tests.conftest import RpcClient
-from worldcell import credentials
-from worldcell.models import Tenant
-
 pytestmark = pytest.mark.django_db
 
 A = {"runId": "wrun_A", "hookId": "h1"}
 B = {"runId": "wrun_B", "hookId": "h2"}
-
-
-@pytest.fixture
-def two_tenants(rpc, client, monkeypatch):
-    """``(default, other)``: RPC clients of the default tenant (WORLD_SECRET) and of tenant ``other``."""
-    monkeypatch.setattr(credentials._snapshot, "_maybe_touch", lambda: None)
-    credentials.forget()
-    Tenant.objects.create(slug="other", name="another app")
-    secret, _ = credentials.add_secret("other", "other app")
-    yield rpc, RpcClient(client, secret)
-    credentials.forget()
 
 
 def hook_json(owner, token="tok"):
