@@ -21,14 +21,15 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from worldcell.tenancy import DEFAULT_TENANT
 from django.db import transaction
 
 from worldcell import clock, codec
 from worldcell.errors import CellError, ValidationError
 from worldcell.keys import require_storable
+from worldcell.tenancy import DEFAULT_TENANT
 
 from . import fence
+from .javascript import js_string
 from .models import IndexEntry, lock_hook_token
 
 __all__ = ["IndexCell", "prefix_upper_bound"]
@@ -95,12 +96,15 @@ _STRICT_JSON = json.JSONDecoder(parse_constant=_reject_constant)
 def _published_owner(key: str, text: str) -> dict[str, Any]:
     """The owner ``{runId, hookId}`` of the hook JSON stored at ``key`` (§6.3).
 
-    Raises CellError named ``SyntaxError`` (500) when the stored value is not
-    a JSON string, and ``TypeError`` when it holds JSON ``null``.
+    Upstream reads it with ``JSON.parse(value)``, which first makes a value that
+    is not a string into one with ``String(value)``: a number, a boolean or
+    ``[5]`` parse (to a hook with no owner), ``{}`` ("[object Object]") does not
+    (docs/protocol.md §6.3 "Values the client did not write").
+
+    Raises CellError named ``SyntaxError`` (500) when that text is not JSON,
+    and ``TypeError`` when it is JSON ``null``.
     """
-    raw = codec.decode(text)
-    if not isinstance(raw, str):
-        raise CellError(f"value at {key} is not a JSON string", name="SyntaxError")
+    raw = js_string(codec.decode(text))
     try:
         hook = _STRICT_JSON.decode(raw)
     except ValueError as exc:

@@ -24,13 +24,13 @@ from __future__ import annotations
 
 from typing import Any
 
-from worldcell.tenancy import DEFAULT_TENANT
 from django.db import transaction
 
 from worldcell import clock
 from worldcell.sql import is_missing_prepared_statement
 from worldcell.errors import ValidationError
 from worldcell.keys import fits_utf8, storable_text
+from worldcell.tenancy import DEFAULT_TENANT
 
 from . import event_machine, fence
 from .event_schemas import ABSENT, ID_MAX_BYTES, check_indexed_size

@@ -17,10 +17,10 @@ from __future__ import annotations
 
 from typing import Any
 
-from worldcell.tenancy import DEFAULT_TENANT
 from worldcell import clock, codec
 from worldcell.errors import CellError, ValidationError
 from worldcell.keys import require_storable
+from worldcell.tenancy import DEFAULT_TENANT
 
 from . import fence
 from .models import Stream, StreamRegistration

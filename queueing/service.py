@@ -31,10 +31,10 @@ from __future__ import annotations
 import math
 from typing import Any
 
-from worldcell.tenancy import DEFAULT_TENANT
 from worldcell import metrics
 from worldcell.errors import ValidationError
 from worldcell.keys import require_storable as _storable
+from worldcell.tenancy import DEFAULT_TENANT
 
 from . import machine
 from .runref import FLOW_QUEUE_PREFIX, run_of_message
