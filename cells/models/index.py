@@ -22,7 +22,7 @@ from typing import Iterable
 from django.db import connection, models
 
 from worldcell import sql
-from worldcell.tenancy import DEFAULT_TENANT, tenant_key
+from worldcell.tenancy import tenant_key
 from worldcell.fields import BytewiseTextField  # COLLATE "C" on PostgreSQL, chosen when the migration is applied
 
 __all__ = ["IndexEntry", "IndexEntryManager", "lock_hook_token"]
@@ -145,12 +145,8 @@ _VALUE_OF = f'SELECT value FROM "{_TABLE}" WHERE tenant = %s AND cell = %s AND k
 
 
 def _hook_token_lock_id(tenant: str, cell: str, token: str) -> int:
-    # The default tenant's lock ids are those of the fleet before tenants, so old and new API
-    # processes serialise on the same lock during a rolling upgrade. Names hold no U+0000
-    # (``worldcell.keys``), so another tenant's text never equals a default tenant's.
-    scope = "" if tenant == DEFAULT_TENANT else f"{tenant}\x00"
     digest = hashlib.blake2b(
-        f"worldcell:index-hook-token\x00{scope}{cell}\x00{token}".encode("utf-8", "surrogatepass"), digest_size=8
+        f"worldcell:index-hook-token\x00{tenant}\x00{cell}\x00{token}".encode("utf-8", "surrogatepass"), digest_size=8
     ).digest()
     return int.from_bytes(digest, "big", signed=True)
 
